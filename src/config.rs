@@ -1,0 +1,260 @@
+//! Command-line and environment configuration. Every flag also reads an
+//! environment variable, and every default is documented here and in `--help`.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default lease duration: how long a crashed owner keeps a stream.
+pub const DEFAULT_LEASE_DURATION: &str = "20s";
+/// Default renewal interval: four chances to renew inside one lease.
+pub const DEFAULT_HEARTBEAT_INTERVAL: &str = "5s";
+/// Default orphan scan interval. The GSI query is cheap (0.5 read units when
+/// nothing is orphaned), and this bounds graceful-handoff latency.
+pub const DEFAULT_RECONCILE_INTERVAL: &str = "500ms";
+/// Default allowance for wall-clock disagreement between workers.
+pub const DEFAULT_MAX_CLOCK_SKEW: &str = "2s";
+/// Default extra margin before self-fencing (covers the close handshake).
+pub const DEFAULT_FENCE_MARGIN: &str = "1s";
+/// Default bound on graceful shutdown (the chart's grace period is longer).
+pub const DEFAULT_DRAIN_TIMEOUT: &str = "10s";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tether",
+    version,
+    about = "Keeps long-lived outbound WebSocket streams alive across a fleet of workers"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub store: StoreArgs,
+
+    /// Log format.
+    #[arg(long, env = "TETHER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Where the lease table lives. The endpoint, region and credentials come from the
+/// standard AWS configuration (`AWS_REGION`, `AWS_ENDPOINT_URL_DYNAMODB` or
+/// `AWS_ENDPOINT_URL`, the default credential chain).
+#[derive(Clone, Debug, Args)]
+pub struct StoreArgs {
+    /// DynamoDB table holding stream items.
+    #[arg(
+        long,
+        env = "TETHER_TABLE",
+        default_value = "tether-streams",
+        global = true
+    )]
+    pub table: String,
+
+    /// Run an embedded DynamoDB-compatible store (dynoxide) in this process, backed by
+    /// this SQLite file (`:memory:` for none), and use it instead of DynamoDB. Only
+    /// for local use: it is never chosen unless you pass this flag.
+    #[arg(long, env = "TETHER_EMBEDDED_STORE", global = true)]
+    pub embedded_store: Option<PathBuf>,
+
+    /// Bound on one DynamoDB call including retries of throttling and transient errors.
+    #[arg(long, env = "TETHER_STORE_CALL_DEADLINE", default_value = "4s", value_parser = parse_duration, global = true)]
+    pub store_call_deadline: Duration,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Kubernetes mode: controller + worker in one process (the Helm chart's default).
+    Operator(WorkerArgs),
+    /// Worker only, no Kubernetes: acquire, serve, renew and release streams.
+    Worker(WorkerArgs),
+    /// Standalone control plane: upsert StreamConnection manifests into the table.
+    Apply {
+        /// A YAML file (several documents allowed) or a directory of them.
+        #[arg(short = 'f', long = "filename", env = "TETHER_APPLY_FILE")]
+        path: PathBuf,
+    },
+    /// Show streams: desired state, phase, owner, lease left, last_seq.
+    Get {
+        /// `namespace/name` or `name` (namespace `default`); all streams when omitted.
+        name: Option<String>,
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Table)]
+        output: OutputFormat,
+    },
+    /// Delete a stream: its owner notices within one heartbeat and closes the session.
+    Delete {
+        /// `namespace/name` or `name` (namespace `default`).
+        name: String,
+    },
+    /// Manage the lease table.
+    Table {
+        #[command(subcommand)]
+        command: TableCommand,
+    },
+    /// Print the StreamConnection CRD YAML.
+    Crd,
+    /// Serve the embedded DynamoDB-compatible store over HTTP for several local processes.
+    LocalStore {
+        /// Address to listen on.
+        #[arg(
+            long,
+            env = "TETHER_LOCAL_STORE_LISTEN",
+            default_value = "127.0.0.1:8000"
+        )]
+        listen: SocketAddr,
+        /// SQLite file to keep data in (`:memory:` for none).
+        #[arg(long, env = "TETHER_LOCAL_STORE_DATA", default_value = ":memory:")]
+        data: PathBuf,
+    },
+    /// Run the whole system locally: embedded store, test upstream, sink, three workers, and failures.
+    Demo(DemoArgs),
+    /// Serve the test upstream: JSON messages with increasing `seq`, replay from `?after=N`.
+    TestUpstream {
+        #[arg(
+            long,
+            env = "TETHER_TEST_UPSTREAM_LISTEN",
+            default_value = "127.0.0.1:9001"
+        )]
+        listen: SocketAddr,
+        /// Messages per second per session.
+        #[arg(long, default_value_t = 20)]
+        rate: u32,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TableCommand {
+    /// Create the table and its `by_state` index (idempotent; waits until ACTIVE).
+    Create,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct DemoArgs {
+    /// Number of streams to apply.
+    #[arg(long, default_value_t = 12)]
+    pub streams: usize,
+    /// Number of worker processes.
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+    /// Lease duration the demo's workers use (shorter than production so it ends quickly).
+    #[arg(long, default_value = "6s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+}
+
+/// Worker settings (also used by `operator`).
+#[derive(Clone, Debug, Args)]
+pub struct WorkerArgs {
+    /// Identity written as `lease_owner`. Default: `$POD_NAME`, else `<hostname>-<pid>`
+    /// (the pid keeps two workers on one host apart).
+    #[arg(long, env = "TETHER_WORKER_ID")]
+    pub worker_id: Option<String>,
+
+    /// How long a lease lasts without renewal; a crashed owner's streams move after this.
+    #[arg(long, env = "TETHER_LEASE_DURATION", default_value = DEFAULT_LEASE_DURATION, value_parser = parse_duration)]
+    pub lease_duration: Duration,
+
+    /// How often each lease is renewed (carrying the latest checkpoint).
+    #[arg(long, env = "TETHER_HEARTBEAT_INTERVAL", default_value = DEFAULT_HEARTBEAT_INTERVAL, value_parser = parse_duration)]
+    pub heartbeat_interval: Duration,
+
+    /// How often to look for orphaned streams (jittered ±25%).
+    #[arg(long, env = "TETHER_RECONCILE_INTERVAL", default_value = DEFAULT_RECONCILE_INTERVAL, value_parser = parse_duration)]
+    pub reconcile_interval: Duration,
+
+    /// Largest wall-clock disagreement tolerated between workers.
+    #[arg(long, env = "TETHER_MAX_CLOCK_SKEW", default_value = DEFAULT_MAX_CLOCK_SKEW, value_parser = parse_duration)]
+    pub max_clock_skew: Duration,
+
+    /// Extra safety margin: a session closes itself when no renewal was confirmed
+    /// within `lease_duration - max_clock_skew - fence_margin`.
+    #[arg(long, env = "TETHER_FENCE_MARGIN", default_value = DEFAULT_FENCE_MARGIN, value_parser = parse_duration)]
+    pub fence_margin: Duration,
+
+    /// Most sessions this worker holds at once.
+    #[arg(long, env = "TETHER_MAX_CONNECTIONS", default_value_t = 1000)]
+    pub max_connections: usize,
+
+    /// Address of `/metrics`, `/healthz`, `/readyz`. Port 0 picks a free port.
+    #[arg(long, env = "TETHER_METRICS_ADDR", default_value = "127.0.0.1:9090")]
+    pub metrics_addr: SocketAddr,
+
+    /// Bound on graceful shutdown (flush, checkpoint, close, release).
+    #[arg(long, env = "TETHER_DRAIN_TIMEOUT", default_value = DEFAULT_DRAIN_TIMEOUT, value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Hosts streams may connect to (comma-separated; `*.example.com` matches
+    /// subdomains; `*` allows all). Link-local and cloud metadata addresses are
+    /// refused unless listed explicitly.
+    #[arg(
+        long,
+        env = "TETHER_ALLOW_HOSTS",
+        value_delimiter = ',',
+        default_value = "*"
+    )]
+    pub allow_hosts: Vec<String>,
+
+    /// Disable fair-share rebalancing (streams then stay where they were acquired).
+    #[arg(long, env = "TETHER_NO_REBALANCE")]
+    pub no_rebalance: bool,
+}
+
+/// Parses `250ms`, `5s`, `2m`, `1h` (or a bare number of seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration (try 500ms, 5s, 2m)"))?;
+    let secs = match unit {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => {
+            return Err(format!(
+                "'{s}' has an unknown unit '{unit}' (use ms, s, m, h)"
+            ));
+        }
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("'{s}' is not a valid duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,64 @@
+//! tether: keeps long-lived outbound WebSocket streams alive across a fleet of
+//! workers, with stream ownership decided by DynamoDB conditional writes.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod config;
+pub mod embedded;
+pub mod lease;
+pub mod metrics;
+
+/// Installs rustls's ring provider as the process default.
+///
+/// kube's client asks rustls for the process-level provider; with both ring and
+/// aws-lc compiled in it cannot pick one and panics, so we choose explicitly, once.
+pub fn install_crypto_provider() {
+    // Err means a provider is already installed, which is what we want.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+use config::{Cli, Command, TableCommand};
+use std::sync::Arc;
+
+/// Runs one subcommand to completion.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    install_crypto_provider();
+    let metrics = Arc::new(metrics::Metrics::new());
+    match cli.command {
+        Command::Table {
+            command: TableCommand::Create,
+        } => {
+            let open = cli::open_store(&cli.store, metrics.store.clone()).await?;
+            cli::table_create(&open.store).await
+        }
+        Command::Get { name, output } => {
+            let open = cli::open_store(&cli.store, metrics.store.clone()).await?;
+            cli::get(&open.store, name.as_deref(), output).await
+        }
+        Command::LocalStore { listen, data } => cli::local_store(listen, &data).await,
+        other => anyhow::bail!("subcommand {other:?} is not available yet"),
+    }
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,279 @@
+//! Prometheus metrics: one registry per process, one struct per subsystem.
+//!
+//! No metric carries a per-stream label: `tether_active_connections` is what an HPA
+//! averages across pods, and per-object labels would make every dashboard's
+//! cardinality grow with the number of streams.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+type Labels1 = [(&'static str, &'static str); 1];
+type Labels2 = [(&'static str, &'static str); 2];
+
+fn request_buckets() -> Histogram {
+    // 1 ms .. ~8 s
+    Histogram::new(exponential_buckets(0.001, 2.0, 14))
+}
+
+fn failover_buckets() -> Histogram {
+    // 50 ms .. ~100 s: handoffs are sub-second, crash failovers are about a lease.
+    Histogram::new(exponential_buckets(0.05, 2.0, 12))
+}
+
+/// DynamoDB request metrics.
+pub struct StoreMetrics {
+    requests: Family<Labels2, Counter>,
+    latency: Family<Labels1, Histogram, fn() -> Histogram>,
+    consumed_write_units: Family<Labels1, Counter<f64, AtomicU64>>,
+}
+
+impl Default for StoreMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StoreMetrics {
+    pub fn new() -> Self {
+        Self {
+            requests: Family::default(),
+            latency: Family::new_with_constructor(request_buckets),
+            consumed_write_units: Family::default(),
+        }
+    }
+
+    pub fn observe(&self, operation: &'static str, outcome: &'static str, elapsed: Duration) {
+        self.requests
+            .get_or_create(&[("operation", operation), ("outcome", outcome)])
+            .inc();
+        self.latency
+            .get_or_create(&[("operation", operation)])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn consumed_write_units(&self, operation: &'static str, units: f64) {
+        self.consumed_write_units
+            .get_or_create(&[("operation", operation)])
+            .inc_by(units);
+    }
+
+    /// Total write units consumed so far (all operations), for benchmarks and tests.
+    pub fn total_write_units(&self, operations: &[&'static str]) -> f64 {
+        operations
+            .iter()
+            .map(|op| {
+                self.consumed_write_units
+                    .get_or_create(&[("operation", op)])
+                    .get()
+            })
+            .sum()
+    }
+
+    fn register(self: &Arc<Self>, registry: &mut Registry) {
+        registry.register(
+            "tether_dynamodb_requests",
+            "DynamoDB requests by operation and outcome",
+            self.requests.clone(),
+        );
+        registry.register(
+            "tether_dynamodb_request_duration_seconds",
+            "DynamoDB request latency, per attempt",
+            self.latency.clone(),
+        );
+        registry.register(
+            "tether_dynamodb_consumed_write_units",
+            "Write capacity units DynamoDB reported as consumed",
+            self.consumed_write_units.clone(),
+        );
+    }
+}
+
+/// Worker metrics (sessions, leases, sinks).
+pub struct WorkerMetrics {
+    pub active_connections: Gauge,
+    pub leases_held: Gauge,
+    pub acquires: Family<Labels1, Counter>,
+    pub renewals: Family<Labels1, Counter>,
+    pub releases: Family<Labels1, Counter>,
+    pub leases_lost: Family<Labels1, Counter>,
+    pub self_fences: Counter,
+    pub failover_seconds: Histogram,
+    pub handoff_seconds: Histogram,
+    pub reconnects: Counter,
+    pub session_errors: Family<Labels1, Counter>,
+    pub messages_received: Counter,
+    pub bytes_received: Counter,
+    pub messages_delivered: Counter,
+    pub sink_batches: Family<Labels2, Counter>,
+    pub sink_batch_seconds: Histogram,
+    pub rebalance_handoffs: Counter,
+    pub live_workers: Gauge,
+}
+
+impl Default for WorkerMetrics {
+    fn default() -> Self {
+        Self {
+            active_connections: Gauge::default(),
+            leases_held: Gauge::default(),
+            acquires: Family::default(),
+            renewals: Family::default(),
+            releases: Family::default(),
+            leases_lost: Family::default(),
+            self_fences: Counter::default(),
+            failover_seconds: failover_buckets(),
+            handoff_seconds: failover_buckets(),
+            reconnects: Counter::default(),
+            session_errors: Family::default(),
+            messages_received: Counter::default(),
+            bytes_received: Counter::default(),
+            messages_delivered: Counter::default(),
+            sink_batches: Family::default(),
+            sink_batch_seconds: request_buckets(),
+            rebalance_handoffs: Counter::default(),
+            live_workers: Gauge::default(),
+        }
+    }
+}
+
+impl WorkerMetrics {
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "tether_active_connections",
+            "Open upstream WebSocket sessions on this worker (the HPA metric)",
+            self.active_connections.clone(),
+        );
+        r.register(
+            "tether_leases_held",
+            "Stream leases this worker holds",
+            self.leases_held.clone(),
+        );
+        r.register(
+            "tether_lease_acquires",
+            "Lease acquire attempts by result",
+            self.acquires.clone(),
+        );
+        r.register(
+            "tether_lease_renewals",
+            "Lease renewals by result",
+            self.renewals.clone(),
+        );
+        r.register(
+            "tether_lease_releases",
+            "Lease releases by result",
+            self.releases.clone(),
+        );
+        r.register(
+            "tether_leases_lost",
+            "Leases lost, by reason",
+            self.leases_lost.clone(),
+        );
+        r.register(
+            "tether_self_fences",
+            "Sessions closed because no renewal was confirmed in time",
+            self.self_fences.clone(),
+        );
+        r.register(
+            "tether_failover_seconds",
+            "Time a crashed owner's stream sat expired before this worker acquired it",
+            self.failover_seconds.clone(),
+        );
+        r.register(
+            "tether_handoff_seconds",
+            "Time from a graceful release to this worker acquiring the stream",
+            self.handoff_seconds.clone(),
+        );
+        r.register(
+            "tether_session_reconnects",
+            "Upstream reconnect attempts",
+            self.reconnects.clone(),
+        );
+        r.register(
+            "tether_session_errors",
+            "Upstream session errors by kind",
+            self.session_errors.clone(),
+        );
+        r.register(
+            "tether_messages_received",
+            "Messages read from upstreams",
+            self.messages_received.clone(),
+        );
+        r.register(
+            "tether_received_bytes",
+            "Payload bytes read from upstreams",
+            self.bytes_received.clone(),
+        );
+        r.register(
+            "tether_messages_delivered",
+            "Messages acknowledged by a sink",
+            self.messages_delivered.clone(),
+        );
+        r.register(
+            "tether_sink_batches",
+            "Sink batches by sink and result",
+            self.sink_batches.clone(),
+        );
+        r.register(
+            "tether_sink_batch_duration_seconds",
+            "Sink delivery latency per attempt",
+            self.sink_batch_seconds.clone(),
+        );
+        r.register(
+            "tether_rebalance_handoffs",
+            "Streams this worker handed over to rebalance the fleet",
+            self.rebalance_handoffs.clone(),
+        );
+        r.register(
+            "tether_live_workers",
+            "Workers this worker currently sees as alive",
+            self.live_workers.clone(),
+        );
+    }
+}
+
+/// All metrics of one process and the registry that exposes them.
+pub struct Metrics {
+    registry: Registry,
+    pub store: Arc<StoreMetrics>,
+    pub worker: Arc<WorkerMetrics>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let store = Arc::new(StoreMetrics::new());
+        let worker = Arc::new(WorkerMetrics::default());
+        store.register(&mut registry);
+        worker.register(&mut registry);
+        let build_info: Family<Labels1, Gauge> = Family::default();
+        build_info
+            .get_or_create(&[("version", env!("CARGO_PKG_VERSION"))])
+            .set(1);
+        registry.register("tether_build", "Build information", build_info);
+        Self {
+            registry,
+            store,
+            worker,
+        }
+    }
+
+    /// The Prometheus text exposition (OpenMetrics flavour).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
