@@ -1,10 +1,15 @@
 //! The CLI's subcommands that talk to the table directly (`table`, `get`,
 //! `local-store`), and the store wiring every subcommand shares.
 
-use crate::config::{OutputFormat, StoreArgs};
+use crate::config::{OutputFormat, StoreArgs, WorkerArgs};
 use crate::embedded::{EMBEDDED_CREDENTIALS, EmbeddedStore};
+use crate::http::Health;
+use crate::lease::UpsertOutcome;
 use crate::lease::{LeaseStore, RetryPolicy, StoreConfig, StreamKey, StreamRecord, now_ms};
+use crate::metrics::Metrics;
 use crate::metrics::StoreMetrics;
+use crate::worker::secrets::SecretSource;
+use crate::worker::{WorkerCtx, WorkerSettings, policy::HostPolicy};
 use anyhow::{Context, bail};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -174,5 +179,105 @@ pub async fn local_store(listen: SocketAddr, data: &Path) -> anyhow::Result<()> 
         _ = crate::shutdown_signal() => {}
     }
     server.shutdown().await;
+    Ok(())
+}
+
+/// `tether apply -f`: upsert every valid manifest; report every invalid one.
+/// Fails (after applying the valid ones) when any document was invalid.
+pub async fn apply(store: &LeaseStore, path: &Path) -> anyhow::Result<()> {
+    store.check_table().await?;
+    let (manifests, errors) = crate::manifest::load(path);
+    for e in &errors {
+        eprintln!("error: {e}");
+    }
+    for m in &manifests {
+        let current = store.get(&m.key).await?;
+        let spec_json = serde_json::to_value(&m.spec)?;
+        // Standalone mode has no API server counting generations: bump on change.
+        let (generation, verb) = match &current {
+            Some(c)
+                if c.spec.as_ref() == Some(&spec_json)
+                    && c.desired_state == m.spec.desired_state.into() =>
+            {
+                println!("streamconnection {} unchanged", m.key);
+                continue;
+            }
+            Some(c) => (c.generation + 1, "configured"),
+            None => (1, "created"),
+        };
+        match store
+            .upsert_desired(&m.spec.to_desired(m.key.clone(), generation))
+            .await?
+        {
+            UpsertOutcome::Applied => println!("streamconnection {} {verb}", m.key),
+            UpsertOutcome::StaleGeneration { stored } => {
+                println!(
+                    "streamconnection {} changed concurrently (generation {stored}); re-run apply",
+                    m.key
+                )
+            }
+        }
+    }
+    if !errors.is_empty() {
+        bail!("{} invalid document(s) not applied", errors.len());
+    }
+    Ok(())
+}
+
+/// `tether delete NAME`.
+pub async fn delete(store: &LeaseStore, name: &str) -> anyhow::Result<()> {
+    store.check_table().await?;
+    let key =
+        StreamKey::parse(name).with_context(|| format!("'{name}' is not a valid stream name"))?;
+    if store.delete(&key).await? {
+        println!("streamconnection {key} deleted");
+        Ok(())
+    } else {
+        bail!("stream {key} not found in table {}", store.table())
+    }
+}
+
+/// `tether worker` (and the worker half of `tether operator`).
+pub async fn worker(
+    open: OpenStore,
+    metrics: Arc<Metrics>,
+    args: WorkerArgs,
+    secrets: SecretSource,
+) -> anyhow::Result<()> {
+    let settings = WorkerSettings::from_args(&args).map_err(anyhow::Error::msg)?;
+    open.store.check_table().await?;
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
+    let health = Arc::new(Health::new(open.store.reachability()));
+    let ctx = Arc::new(
+        WorkerCtx::new(
+            settings,
+            open.store.clone(),
+            metrics.worker.clone(),
+            HostPolicy::new(args.allow_hosts.clone()),
+            secrets,
+        )
+        .map_err(anyhow::Error::msg)?,
+    );
+    let stop_server = tokio_util::sync::CancellationToken::new();
+    let server = {
+        let stop = stop_server.clone();
+        tokio::spawn(crate::http::serve(
+            listener,
+            metrics.clone(),
+            health.clone(),
+            async move { stop.cancelled().await },
+        ))
+    };
+    let mut server = std::pin::pin!(server);
+    tokio::select! {
+        _ = crate::worker::run(ctx, health, crate::shutdown_signal()) => {}
+        r = &mut server => bail!("metrics server stopped: {r:?}"),
+    }
+    stop_server.cancel();
+    let _ = server.await;
+    drop(open);
     Ok(())
 }

@@ -4,9 +4,15 @@
 
 pub mod cli;
 pub mod config;
+pub mod crd;
 pub mod embedded;
+pub mod http;
 pub mod lease;
+pub mod manifest;
 pub mod metrics;
+pub mod sink;
+pub mod testkit;
+pub mod worker;
 
 /// Installs rustls's ring provider as the process default.
 ///
@@ -36,6 +42,24 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             cli::get(&open.store, name.as_deref(), output).await
         }
         Command::LocalStore { listen, data } => cli::local_store(listen, &data).await,
+        Command::Apply { path } => {
+            let open = cli::open_store(&cli.store, metrics.store.clone()).await?;
+            cli::apply(&open.store, &path).await
+        }
+        Command::Delete { name } => {
+            let open = cli::open_store(&cli.store, metrics.store.clone()).await?;
+            cli::delete(&open.store, &name).await
+        }
+        Command::Worker(args) => {
+            let open = cli::open_store(&cli.store, metrics.store.clone()).await?;
+            cli::worker(
+                open,
+                metrics,
+                args,
+                worker::secrets::SecretSource::Standalone,
+            )
+            .await
+        }
         other => anyhow::bail!("subcommand {other:?} is not available yet"),
     }
 }

@@ -21,6 +21,7 @@ use aws_sdk_dynamodb::types::{
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Name of the GSI over `desired_state` / `lease_expires_at_ms` (seed schema).
@@ -43,6 +44,7 @@ mod attr {
     pub const STATUS_MESSAGE: &str = "status_message";
     pub const CONNECTED_SINCE_MS: &str = "connected_since_ms";
     pub const RECONNECTS: &str = "reconnects";
+    pub const RELEASED_AT_MS: &str = "released_at_ms";
 }
 
 /// How an acquire that keeps losing the counter race gives up for this round.
@@ -91,6 +93,8 @@ pub struct LeaseStore {
     retry: RetryPolicy,
     page_size: Option<i32>,
     metrics: Arc<StoreMetrics>,
+    /// Whether the latest request got an answer from DynamoDB (for readiness).
+    reachable: Arc<AtomicBool>,
 }
 
 /// A conditional write whose condition did not hold.
@@ -182,7 +186,14 @@ impl LeaseStore {
             retry: cfg.retry,
             page_size: cfg.page_size,
             metrics,
+            reachable: Arc::new(AtomicBool::new(true)),
         })
+    }
+
+    /// A flag that is `false` while the latest DynamoDB request failed to get a
+    /// usable answer (timeout, refused connection, bad credentials, throttling).
+    pub fn reachability(&self) -> Arc<AtomicBool> {
+        self.reachable.clone()
     }
 
     pub fn table(&self) -> &str {
@@ -213,6 +224,7 @@ impl LeaseStore {
             let error = match result {
                 Ok(v) => {
                     self.metrics.observe(operation, "ok", elapsed);
+                    self.reachable.store(true, Ordering::SeqCst);
                     return Ok(Ok(v));
                 }
                 Err(err) => err,
@@ -220,14 +232,21 @@ impl LeaseStore {
             match self.classify(operation, key, error) {
                 Class::Condition => {
                     self.metrics.observe(operation, "condition_failed", elapsed);
+                    self.reachable.store(true, Ordering::SeqCst);
                     return Ok(Err(ConditionFailed));
                 }
                 Class::Fatal(e) => {
                     self.metrics.observe(operation, e.category(), elapsed);
+                    let usable = matches!(
+                        e,
+                        StoreError::ItemTooLarge { .. } | StoreError::Rejected { .. }
+                    );
+                    self.reachable.store(usable, Ordering::SeqCst);
                     return Err(e);
                 }
                 Class::Transient(e) => {
                     self.metrics.observe(operation, e.category(), elapsed);
+                    self.reachable.store(false, Ordering::SeqCst);
                     let delay = self.retry.delay(attempt);
                     if started.elapsed() + delay >= self.retry.deadline {
                         return Err(e);
@@ -683,8 +702,11 @@ impl LeaseStore {
         checkpoint: Option<u64>,
         status: Option<&SessionStatus>,
     ) -> Result<OwnerWrite<()>, StoreError> {
-        let mut set = vec!["lease_expires_at_ms = :zero".to_string()];
-        let mut values = vec![(":zero", n(0))];
+        let mut set = vec![
+            "lease_expires_at_ms = :zero".to_string(),
+            format!("{} = :released", attr::RELEASED_AT_MS),
+        ];
+        let mut values = vec![(":zero", n(0)), (":released", n(now_ms()))];
         push_status(&mut set, &mut values, status);
         let out = self
             .owner_update("release", lease, set, values, checkpoint)
@@ -914,6 +936,7 @@ impl LeaseStore {
             lease_expires_at_ms: clamp(get_n(attr::LEASE_EXPIRES_AT_MS)?).unwrap_or(0),
             lease_counter: clamp(get_n(attr::LEASE_COUNTER)?).unwrap_or(0),
             last_seq: clamp(get_n(attr::LAST_SEQ)?),
+            released_at_ms: clamp(get_n(attr::RELEASED_AT_MS).unwrap_or(None)),
             status,
         })
     }

@@ -115,6 +115,8 @@ pub struct StreamRecord {
     pub lease_expires_at_ms: u64,
     pub lease_counter: u64,
     pub last_seq: Option<u64>,
+    /// When the last owner released the stream gracefully (wall-clock ms).
+    pub released_at_ms: Option<u64>,
     /// Session status the owner reports along with its heartbeats.
     pub status: Option<SessionStatus>,
 }
@@ -238,6 +240,7 @@ mod tests {
             lease_expires_at_ms: 0,
             lease_counter: 3,
             last_seq: Some(9),
+            released_at_ms: None,
             status: None,
         };
         assert_eq!(record.live_owner(1), None);

@@ -1,0 +1,504 @@
+//! The `StreamConnection` resource. Doc comments here become the field
+//! descriptions `kubectl explain` shows, and the same types parse the manifests
+//! `tether apply` reads, so both modes accept exactly one schema.
+
+use crate::lease::{DesiredState, DesiredStream, StreamKey};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Default keepalive ping interval.
+pub const DEFAULT_PING_INTERVAL_SECONDS: u32 = 15;
+/// Default time to wait for a pong before the session is declared dead.
+pub const DEFAULT_PONG_TIMEOUT_SECONDS: u32 = 10;
+/// Default largest message accepted from an upstream.
+pub const DEFAULT_MAX_MESSAGE_BYTES: u32 = 1024 * 1024;
+/// Default largest single frame accepted from an upstream.
+pub const DEFAULT_MAX_FRAME_BYTES: u32 = 256 * 1024;
+/// Default number of messages per sink batch.
+pub const DEFAULT_BATCH_MESSAGES: u32 = 100;
+/// Default time a partial batch waits for more messages before it is sent.
+pub const DEFAULT_LINGER_MS: u32 = 50;
+/// Default timeout of one sink request.
+pub const DEFAULT_SINK_TIMEOUT_SECONDS: u32 = 10;
+
+/// A long-lived outbound WebSocket stream that exactly one tether worker keeps
+/// connected, forwarding every message to a sink and resuming from the last
+/// acknowledged sequence number after any failover.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "tether.dev",
+    version = "v1alpha1",
+    kind = "StreamConnection",
+    namespaced,
+    shortname = "sconn",
+    status = "StreamConnectionStatus",
+    printcolumn = r#"{"name":"State","type":"string","jsonPath":".spec.desiredState"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Owner","type":"string","jsonPath":".status.owner"}"#,
+    printcolumn = r#"{"name":"Last-Seq","type":"integer","jsonPath":".status.lastSeq"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamConnectionSpec {
+    /// Upstream WebSocket URL, `ws://` or `wss://`. The text `{last_seq}` is replaced
+    /// at every connect with the last sequence number the sink acknowledged (0 when
+    /// none), so an upstream that can replay resumes without loss.
+    #[schemars(pattern(r"^wss?://"), length(max = 2048))]
+    pub url: String,
+
+    /// `Started` keeps the stream connected; `Stopped` closes the session with a
+    /// normal close frame and releases its lease, keeping the checkpoint.
+    #[serde(default)]
+    pub desired_state: DesiredStateSpec,
+
+    /// How each message's sequence number is found. Without it, messages are
+    /// numbered by a counter that continues from the checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<SequenceSpec>,
+
+    /// Text messages sent right after every connect (e.g. a subscribe request).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub subscribe: Vec<String>,
+
+    /// Protocol-level ping/pong keepalive.
+    #[serde(default)]
+    pub keepalive: KeepaliveSpec,
+
+    /// Where messages go.
+    pub sink: SinkSpec,
+
+    /// Extra HTTP headers for the WebSocket handshake. Values are references,
+    /// resolved by the connecting worker at connect time and never copied into
+    /// the lease table or logs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub headers: Vec<HeaderSpec>,
+
+    /// Size limits for what the upstream may send.
+    #[serde(default)]
+    pub limits: LimitsSpec,
+}
+
+/// Desired state of a stream.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DesiredStateSpec {
+    #[default]
+    Started,
+    Stopped,
+}
+
+impl From<DesiredStateSpec> for DesiredState {
+    fn from(value: DesiredStateSpec) -> Self {
+        match value {
+            DesiredStateSpec::Started => DesiredState::Started,
+            DesiredStateSpec::Stopped => DesiredState::Stopped,
+        }
+    }
+}
+
+/// How to read a message's sequence number.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SequenceSpec {
+    /// RFC 6901 JSON pointer to an integer in each text message, e.g. `/seq`.
+    /// Messages at or below the checkpoint (replays) are skipped.
+    #[schemars(pattern(r"^(/([^~]|~[01])*)*$"))]
+    pub pointer: String,
+}
+
+/// Keepalive settings.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeepaliveSpec {
+    /// Seconds between protocol pings.
+    #[serde(default = "default_ping_interval")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub interval_seconds: u32,
+    /// Seconds to wait for a pong (or any frame) before the session is declared
+    /// dead and reconnected with jittered exponential backoff.
+    #[serde(default = "default_pong_timeout")]
+    #[schemars(range(min = 1, max = 600))]
+    pub timeout_seconds: u32,
+}
+
+impl Default for KeepaliveSpec {
+    fn default() -> Self {
+        Self {
+            interval_seconds: DEFAULT_PING_INTERVAL_SECONDS,
+            timeout_seconds: DEFAULT_PONG_TIMEOUT_SECONDS,
+        }
+    }
+}
+
+fn default_ping_interval() -> u32 {
+    DEFAULT_PING_INTERVAL_SECONDS
+}
+fn default_pong_timeout() -> u32 {
+    DEFAULT_PONG_TIMEOUT_SECONDS
+}
+
+/// Exactly one sink.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{"rule": "has(self.http) != has(self.log)", "message": "set exactly one of sink.http and sink.log"}]))]
+pub struct SinkSpec {
+    /// POST batches of messages as JSON; a 2xx response acknowledges the batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpSinkSpec>,
+    /// Write one JSON line per message to the worker's standard output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<LogSinkSpec>,
+}
+
+/// An HTTP sink. Failures are retried with backoff and reading from the socket
+/// pauses meanwhile (backpressure): messages are never dropped.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpSinkSpec {
+    /// `http://` or `https://` URL the batches are POSTed to.
+    #[schemars(pattern(r"^https?://"), length(max = 2048))]
+    pub url: String,
+    /// Most messages in one batch.
+    #[serde(default = "default_batch_messages")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_batch_messages: u32,
+    /// Milliseconds a partial batch waits for more messages.
+    #[serde(default = "default_linger_ms")]
+    #[schemars(range(max = 10000))]
+    pub linger_ms: u32,
+    /// Seconds before one POST is abandoned and retried.
+    #[serde(default = "default_sink_timeout")]
+    #[schemars(range(min = 1, max = 300))]
+    pub timeout_seconds: u32,
+}
+
+fn default_batch_messages() -> u32 {
+    DEFAULT_BATCH_MESSAGES
+}
+fn default_linger_ms() -> u32 {
+    DEFAULT_LINGER_MS
+}
+fn default_sink_timeout() -> u32 {
+    DEFAULT_SINK_TIMEOUT_SECONDS
+}
+
+/// The log sink has no settings.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct LogSinkSpec {}
+
+/// One handshake header whose value comes from a reference.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeaderSpec {
+    /// Header name, e.g. `Authorization`.
+    #[schemars(pattern(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"), length(max = 256))]
+    pub name: String,
+    /// Where the value comes from.
+    pub value_from: HeaderValueSource,
+}
+
+/// Exactly one source for a header value.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{"rule": "has(self.secretKeyRef) != has(self.env)", "message": "set exactly one of secretKeyRef and env"}]))]
+pub struct HeaderValueSource {
+    /// A key of a Secret in the stream's namespace (Kubernetes mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<SecretKeyRef>,
+    /// An environment variable of the worker process (standalone mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^[A-Za-z_][A-Za-z0-9_]*$"))]
+    pub env: Option<String>,
+}
+
+/// Selects a key of a Secret.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct SecretKeyRef {
+    /// Secret name.
+    pub name: String,
+    /// Key within the Secret.
+    pub key: String,
+}
+
+/// Size limits.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LimitsSpec {
+    /// Largest message accepted; a larger one ends the session with a clear reason.
+    #[serde(default = "default_max_message")]
+    #[schemars(range(min = 1024, max = 67108864))]
+    pub max_message_bytes: u32,
+    /// Largest frame accepted.
+    #[serde(default = "default_max_frame")]
+    #[schemars(range(min = 1024, max = 67108864))]
+    pub max_frame_bytes: u32,
+}
+
+impl Default for LimitsSpec {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+        }
+    }
+}
+
+fn default_max_message() -> u32 {
+    DEFAULT_MAX_MESSAGE_BYTES
+}
+fn default_max_frame() -> u32 {
+    DEFAULT_MAX_FRAME_BYTES
+}
+
+/// Observed state, written by the controller from the lease table.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamConnectionStatus {
+    /// Pending, Connecting, Connected, Backoff, Stopped or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Worker currently holding the lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// When the current lease lapses unless renewed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_expires_at: Option<String>,
+    /// Last sequence number the sink acknowledged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seq: Option<u64>,
+    /// When the current session connected (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connected_since: Option<String>,
+    /// Reconnects of the current owner's session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconnects: Option<u64>,
+    /// Generation of the spec the table mirrors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready` (session connected) and `Owned` (a worker holds the lease).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// One problem with a spec, naming the field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+fn err(field: &str, message: impl Into<String>) -> FieldError {
+    FieldError {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+impl StreamConnectionSpec {
+    /// Checks what the schema cannot express (and repeats what it can, for
+    /// `tether apply`, which has no API server to enforce the schema).
+    pub fn validate(&self) -> Result<(), Vec<FieldError>> {
+        let mut errors = Vec::new();
+        match url::Url::parse(&self.url.replace("{last_seq}", "0")) {
+            Ok(u) if matches!(u.scheme(), "ws" | "wss") && u.host_str().is_some() => {}
+            Ok(_) => errors.push(err("spec.url", "must be a ws:// or wss:// URL with a host")),
+            Err(e) => errors.push(err("spec.url", format!("not a URL: {e}"))),
+        }
+        if let Some(seq) = &self.sequence
+            && !(seq.pointer.is_empty() || seq.pointer.starts_with('/'))
+        {
+            errors.push(err(
+                "spec.sequence.pointer",
+                "must be an RFC 6901 JSON pointer starting with '/'",
+            ));
+        }
+        if self.subscribe.len() > 16 {
+            errors.push(err("spec.subscribe", "at most 16 messages"));
+        }
+        let k = &self.keepalive;
+        if !(1..=3600).contains(&k.interval_seconds) {
+            errors.push(err(
+                "spec.keepalive.intervalSeconds",
+                "must be between 1 and 3600",
+            ));
+        }
+        if !(1..=600).contains(&k.timeout_seconds) {
+            errors.push(err(
+                "spec.keepalive.timeoutSeconds",
+                "must be between 1 and 600",
+            ));
+        }
+        match (&self.sink.http, &self.sink.log) {
+            (Some(http), None) => {
+                match url::Url::parse(&http.url) {
+                    Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+                    _ => errors.push(err(
+                        "spec.sink.http.url",
+                        "must be an http:// or https:// URL",
+                    )),
+                }
+                if !(1..=10000).contains(&http.max_batch_messages) {
+                    errors.push(err(
+                        "spec.sink.http.maxBatchMessages",
+                        "must be between 1 and 10000",
+                    ));
+                }
+                if http.linger_ms > 10000 {
+                    errors.push(err("spec.sink.http.lingerMs", "must be at most 10000"));
+                }
+                if !(1..=300).contains(&http.timeout_seconds) {
+                    errors.push(err(
+                        "spec.sink.http.timeoutSeconds",
+                        "must be between 1 and 300",
+                    ));
+                }
+            }
+            (None, Some(_)) => {}
+            _ => errors.push(err(
+                "spec.sink",
+                "set exactly one of sink.http and sink.log",
+            )),
+        }
+        if self.headers.len() > 32 {
+            errors.push(err("spec.headers", "at most 32 headers"));
+        }
+        for (i, h) in self.headers.iter().enumerate() {
+            if http::HeaderName::from_bytes(h.name.as_bytes()).is_err() {
+                errors.push(err(
+                    &format!("spec.headers[{i}].name"),
+                    "not a valid HTTP header name",
+                ));
+            }
+            if h.value_from.secret_key_ref.is_some() == h.value_from.env.is_some() {
+                errors.push(err(
+                    &format!("spec.headers[{i}].valueFrom"),
+                    "set exactly one of secretKeyRef and env",
+                ));
+            }
+        }
+        for (field, value) in [
+            ("spec.limits.maxMessageBytes", self.limits.max_message_bytes),
+            ("spec.limits.maxFrameBytes", self.limits.max_frame_bytes),
+        ] {
+            if !(1024..=64 * 1024 * 1024).contains(&value) {
+                errors.push(err(field, "must be between 1024 and 67108864"));
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// What the control plane writes into the table for this spec.
+    pub fn to_desired(&self, key: StreamKey, generation: i64) -> DesiredStream {
+        DesiredStream {
+            key,
+            desired_state: self.desired_state.into(),
+            ws_url: self.url.clone(),
+            // Serialising plain data cannot fail.
+            spec: serde_json::to_value(self).unwrap_or_default(),
+            generation,
+        }
+    }
+}
+
+#[cfg(test)]
+pub mod fixtures {
+    //! Builders for tests.
+    use super::*;
+
+    impl StreamConnectionSpec {
+        /// A valid spec with a log sink.
+        pub fn test(url: &str) -> Self {
+            Self {
+                url: url.to_string(),
+                desired_state: DesiredStateSpec::Started,
+                sequence: None,
+                subscribe: Vec::new(),
+                keepalive: KeepaliveSpec::default(),
+                sink: SinkSpec {
+                    http: None,
+                    log: Some(LogSinkSpec {}),
+                },
+                headers: Vec::new(),
+                limits: LimitsSpec::default(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_minimal_manifest_gets_documented_defaults() {
+        let spec: StreamConnectionSpec = serde_json::from_value(
+            serde_json::json!({"url": "wss://feed.example/x", "sink": {"log": {}}}),
+        )
+        .unwrap();
+        assert_eq!(spec.desired_state, DesiredStateSpec::Started);
+        assert_eq!(
+            spec.keepalive.interval_seconds,
+            DEFAULT_PING_INTERVAL_SECONDS
+        );
+        assert_eq!(spec.limits.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES);
+        assert_eq!(spec.validate(), Ok(()));
+    }
+
+    #[test]
+    fn validation_names_every_bad_field() {
+        let mut spec = StreamConnectionSpec::test("http://not-a-websocket");
+        spec.sink.http = Some(HttpSinkSpec {
+            url: "ftp://x".into(),
+            max_batch_messages: 0,
+            linger_ms: 0,
+            timeout_seconds: 5,
+        });
+        spec.keepalive.interval_seconds = 0;
+        spec.sequence = Some(SequenceSpec {
+            pointer: "seq".into(),
+        });
+        spec.headers.push(HeaderSpec {
+            name: "Bad Header".into(),
+            value_from: HeaderValueSource::default(),
+        });
+        let fields: Vec<String> = spec
+            .validate()
+            .unwrap_err()
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.url",
+                "spec.sequence.pointer",
+                "spec.keepalive.intervalSeconds",
+                "spec.sink",
+                "spec.headers[0].name",
+                "spec.headers[0].valueFrom"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_last_seq_placeholder_is_a_valid_url() {
+        assert_eq!(
+            StreamConnectionSpec::test("ws://127.0.0.1:9/s?after={last_seq}").validate(),
+            Ok(())
+        );
+    }
+}

@@ -1,0 +1,175 @@
+//! An HTTP sink that records every delivery: which sequence numbers arrived (to
+//! find gaps and duplicates), under which fencing token (to find deliveries from
+//! an owner that had already been superseded), and when.
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+#[derive(Deserialize)]
+struct Payload {
+    connection: String,
+    worker: String,
+    token: u64,
+    messages: Vec<PayloadMessage>,
+}
+
+#[derive(Deserialize)]
+struct PayloadMessage {
+    seq: u64,
+}
+
+/// What one stream received.
+#[derive(Clone, Debug, Default)]
+pub struct StreamLog {
+    /// seq → number of times delivered.
+    pub seqs: BTreeMap<u64, u32>,
+    /// Highest fencing token seen.
+    pub max_token: u64,
+    /// Messages delivered with a token lower than one already seen.
+    pub stale_messages: u64,
+    /// (arrival, token, worker) of each accepted batch.
+    pub batches: Vec<(Instant, u64, String)>,
+}
+
+impl StreamLog {
+    /// Sequence numbers missing between the first and the highest delivered.
+    pub fn gaps(&self, first: u64) -> Vec<u64> {
+        let Some((&max, _)) = self.seqs.last_key_value() else {
+            return Vec::new();
+        };
+        (first..=max)
+            .filter(|s| !self.seqs.contains_key(s))
+            .collect()
+    }
+
+    pub fn max_seq(&self) -> u64 {
+        self.seqs.last_key_value().map(|(s, _)| *s).unwrap_or(0)
+    }
+
+    pub fn duplicates(&self) -> u64 {
+        self.seqs
+            .values()
+            .map(|n| u64::from(n.saturating_sub(1)))
+            .sum()
+    }
+
+    /// First batch at or after `since` carrying a token above `token`.
+    pub fn first_batch_after(&self, since: Instant, token: u64) -> Option<Instant> {
+        self.batches
+            .iter()
+            .find(|(at, t, _)| *at >= since && *t > token)
+            .map(|(at, _, _)| *at)
+    }
+}
+
+#[derive(Default)]
+struct SinkState {
+    streams: Mutex<HashMap<String, StreamLog>>,
+    failing: AtomicBool,
+    reject_stale: AtomicBool,
+    requests: AtomicU64,
+}
+
+/// A running recording sink; stops when dropped.
+pub struct RecordingSink {
+    pub addr: SocketAddr,
+    state: Arc<SinkState>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for RecordingSink {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RecordingSink {
+    pub async fn start(listen: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(SinkState::default());
+        let app = Router::new()
+            .route("/", post(receive))
+            .with_state(state.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self { addr, state, task })
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    /// While failing, every request gets HTTP 503 and nothing is recorded.
+    pub fn set_failing(&self, failing: bool) {
+        self.state.failing.store(failing, Ordering::SeqCst);
+    }
+
+    /// Answer 409 to deliveries carrying a superseded token (a fencing-aware sink).
+    pub fn set_reject_stale(&self, reject: bool) {
+        self.state.reject_stale.store(reject, Ordering::SeqCst);
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.state.requests.load(Ordering::SeqCst)
+    }
+
+    pub fn log(&self, connection: &str) -> StreamLog {
+        lock(&self.state.streams)
+            .get(connection)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub fn logs(&self) -> HashMap<String, StreamLog> {
+        lock(&self.state.streams).clone()
+    }
+
+    /// Stale messages across all streams.
+    pub fn stale_messages(&self) -> u64 {
+        lock(&self.state.streams)
+            .values()
+            .map(|l| l.stale_messages)
+            .sum()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+async fn receive(State(state): State<Arc<SinkState>>, body: axum::body::Bytes) -> StatusCode {
+    state.requests.fetch_add(1, Ordering::SeqCst);
+    if state.failing.load(Ordering::SeqCst) {
+        return StatusCode::SERVICE_UNAVAILABLE;
+    }
+    let Ok(payload) = serde_json::from_slice::<Payload>(&body) else {
+        return StatusCode::BAD_REQUEST;
+    };
+    let mut streams = lock(&state.streams);
+    let log = streams.entry(payload.connection).or_default();
+    if payload.token < log.max_token {
+        log.stale_messages += payload.messages.len() as u64;
+        if state.reject_stale.load(Ordering::SeqCst) {
+            return StatusCode::CONFLICT;
+        }
+    }
+    log.max_token = log.max_token.max(payload.token);
+    for m in &payload.messages {
+        *log.seqs.entry(m.seq).or_insert(0) += 1;
+    }
+    log.batches
+        .push((Instant::now(), payload.token, payload.worker));
+    StatusCode::OK
+}

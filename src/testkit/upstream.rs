@@ -1,0 +1,262 @@
+//! A WebSocket upstream that emits `{"seq":N,...}` messages with increasing
+//! `seq` per stream, replays from `?after=N`, pings its clients (and drops those
+//! that stop answering, as real feeds do), and records each session's open and
+//! close instants, so tests can detect overlapping sessions.
+
+use futures::{SinkExt, StreamExt};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, interval};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
+
+/// How often the upstream pings clients.
+const PING_INTERVAL: Duration = Duration::from_secs(1);
+/// A client silent this long is dropped (it is dead or paused).
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Misbehaviour to inject for one stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Behavior {
+    Normal,
+    /// Refuse the handshake with HTTP 503.
+    Reject,
+    /// Send a text frame that is not UTF-8.
+    Malformed,
+    /// Send one message of this many bytes.
+    Oversized(usize),
+}
+
+/// One recorded session.
+#[derive(Clone, Debug)]
+pub struct SessionRecord {
+    pub id: u64,
+    pub stream: String,
+    pub after: u64,
+    pub opened: Instant,
+    pub closed: Option<Instant>,
+    pub first_sent: Option<Instant>,
+    /// Last seq sent on this session.
+    pub last_sent: u64,
+}
+
+#[derive(Default)]
+struct State {
+    sessions: Mutex<Vec<SessionRecord>>,
+    behaviors: Mutex<HashMap<String, Behavior>>,
+    next_id: AtomicU64,
+}
+
+/// A running test upstream; stops when dropped.
+pub struct TestUpstream {
+    pub addr: SocketAddr,
+    state: Arc<State>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for TestUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TestUpstream {
+    /// Starts on `listen` emitting `rate` messages per second per session.
+    pub async fn start(listen: SocketAddr, rate: u32) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State::default());
+        let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+        let task = tokio::spawn({
+            let state = state.clone();
+            async move {
+                while let Ok((socket, _)) = listener.accept().await {
+                    let _ = socket.set_nodelay(true);
+                    tokio::spawn(serve(socket, state.clone(), period));
+                }
+            }
+        });
+        Ok(Self { addr, state, task })
+    }
+
+    /// The URL a stream uses, with the `{last_seq}` placeholder.
+    pub fn url(&self, stream: &str) -> String {
+        format!("ws://{}/{stream}?after={{last_seq}}", self.addr)
+    }
+
+    pub fn set_behavior(&self, stream: &str, behavior: Behavior) {
+        self.state
+            .behaviors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(stream.to_string(), behavior);
+    }
+
+    /// Every session so far, in opening order.
+    pub fn sessions(&self) -> Vec<SessionRecord> {
+        self.state
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Sessions of one stream.
+    pub fn sessions_of(&self, stream: &str) -> Vec<SessionRecord> {
+        self.sessions()
+            .into_iter()
+            .filter(|s| s.stream == stream)
+            .collect()
+    }
+
+    /// Streams with an open session right now, and how many each.
+    pub fn open_sessions(&self) -> HashMap<String, usize> {
+        let mut open = HashMap::new();
+        for s in self.sessions().into_iter().filter(|s| s.closed.is_none()) {
+            *open.entry(s.stream).or_insert(0) += 1;
+        }
+        open
+    }
+
+    /// Pairs of sessions of one stream that were open at the same time.
+    pub fn overlaps(&self) -> Vec<(SessionRecord, SessionRecord)> {
+        let sessions = self.sessions();
+        let mut by_stream: HashMap<&str, Vec<&SessionRecord>> = HashMap::new();
+        for s in &sessions {
+            by_stream.entry(&s.stream).or_default().push(s);
+        }
+        let mut out = Vec::new();
+        for list in by_stream.values() {
+            for (i, a) in list.iter().enumerate() {
+                for b in &list[i + 1..] {
+                    let a_end = a.closed.unwrap_or_else(far_future);
+                    let b_end = b.closed.unwrap_or_else(far_future);
+                    if a.opened < b_end && b.opened < a_end {
+                        out.push(((*a).clone(), (*b).clone()));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86400 * 365)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+async fn serve(socket: TcpStream, state: Arc<State>, period: Duration) {
+    let mut target: Option<(String, u64)> = None;
+    let behaviors = state.behaviors.clone_inner();
+    let callback = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
+        let stream = req.uri().path().trim_start_matches('/').to_string();
+        let after = req
+            .uri()
+            .query()
+            .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("after=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if behaviors.get(&stream) == Some(&Behavior::Reject) {
+            let mut refuse = ErrorResponse::new(Some("unavailable".into()));
+            *refuse.status_mut() =
+                tokio_tungstenite::tungstenite::http::StatusCode::SERVICE_UNAVAILABLE;
+            return Err(refuse);
+        }
+        target = Some((stream, after));
+        Ok(resp)
+    };
+    let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(socket, callback).await else {
+        return;
+    };
+    let Some((stream, after)) = target else {
+        return;
+    };
+    let behavior = lock(&state.behaviors)
+        .get(&stream)
+        .cloned()
+        .unwrap_or(Behavior::Normal);
+    let id = state.next_id.fetch_add(1, Ordering::SeqCst);
+    let index = {
+        let mut sessions = lock(&state.sessions);
+        sessions.push(SessionRecord {
+            id,
+            stream: stream.clone(),
+            after,
+            opened: Instant::now(),
+            closed: None,
+            first_sent: None,
+            last_sent: after,
+        });
+        sessions.len() - 1
+    };
+    let mut seq = after;
+    let mut tick = interval(period);
+    let mut ping = interval(PING_INTERVAL);
+    let mut last_heard = Instant::now();
+    match behavior {
+        Behavior::Malformed => {
+            let mut header = FrameHeader::default();
+            header.opcode = OpCode::Data(Data::Text);
+            let frame = Frame::from_payload(header, vec![0xff, 0xfe, 0xfd].into());
+            let _ = ws.send(Message::Frame(frame)).await;
+        }
+        Behavior::Oversized(n) => {
+            let _ = ws.send(Message::Text("x".repeat(n).into())).await;
+        }
+        _ => {}
+    }
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                seq += 1;
+                let text = format!(r#"{{"seq":{seq},"stream":"{stream}","payload":"message {seq} of {stream}"}}"#);
+                // A client that stopped reading (paused, or applying backpressure)
+                // eventually fills the socket buffers; give up on it then.
+                if !matches!(tokio::time::timeout(CLIENT_TIMEOUT, ws.send(Message::Text(text.into()))).await, Ok(Ok(()))) {
+                    break;
+                }
+                let mut sessions = lock(&state.sessions);
+                let s = &mut sessions[index];
+                s.first_sent.get_or_insert_with(Instant::now);
+                s.last_sent = seq;
+            }
+            _ = ping.tick() => {
+                if last_heard.elapsed() > CLIENT_TIMEOUT {
+                    break;
+                }
+                if !matches!(tokio::time::timeout(CLIENT_TIMEOUT, ws.send(Message::Ping(Vec::new().into()))).await, Ok(Ok(()))) {
+                    break;
+                }
+            }
+            frame = ws.next() => match frame {
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                Some(Ok(_)) => last_heard = Instant::now(),
+            }
+        }
+    }
+    // Record the close before the socket is torn down, so a successor's open can
+    // never be recorded earlier than this session's close when they did not overlap.
+    lock(&state.sessions)[index].closed = Some(Instant::now());
+    drop(ws);
+}
+
+trait CloneInner<T> {
+    fn clone_inner(&self) -> T;
+}
+
+impl<T: Clone> CloneInner<T> for Mutex<T> {
+    fn clone_inner(&self) -> T {
+        lock(self).clone()
+    }
+}

@@ -1,0 +1,300 @@
+//! The worker: finds orphaned streams, acquires them by conditional write, and
+//! runs one task per owned stream (lease holder + session). On shutdown it stops
+//! acquiring, drains every session, and releases every lease.
+
+pub mod fence;
+pub mod policy;
+pub mod secrets;
+pub mod session;
+pub mod stream;
+
+use crate::config::WorkerArgs;
+use crate::http::Health;
+use crate::lease::{AcquireOutcome, LeaseStore, StreamKey, now_ms};
+use crate::metrics::WorkerMetrics;
+use rand::Rng;
+use rand::seq::SliceRandom;
+use session::SessionDeps;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use stream::{StreamEnd, StreamSignals};
+use tokio::task::{Id, JoinSet};
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+
+/// Timeout of one sink HTTP request unless the spec sets its own.
+const HTTP_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Fraction of the reconcile interval used as jitter (±), so a fleet that started
+/// together does not query and acquire in lockstep.
+const RECONCILE_JITTER: f64 = 0.25;
+
+/// Validated worker settings.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    pub worker_id: Arc<str>,
+    pub lease_duration: Duration,
+    pub heartbeat_interval: Duration,
+    pub reconcile_interval: Duration,
+    /// `lease_duration - max_clock_skew - fence_margin`.
+    pub fence_window: Duration,
+    pub max_connections: usize,
+    pub drain_timeout: Duration,
+    pub rebalance: bool,
+}
+
+impl WorkerSettings {
+    pub fn from_args(args: &WorkerArgs) -> Result<Self, String> {
+        let WorkerArgs {
+            worker_id,
+            lease_duration,
+            heartbeat_interval,
+            reconcile_interval,
+            max_clock_skew,
+            fence_margin,
+            max_connections,
+            metrics_addr: _,
+            drain_timeout,
+            allow_hosts: _,
+            no_rebalance,
+        } = args;
+        if heartbeat_interval.is_zero() || reconcile_interval.is_zero() {
+            return Err("--heartbeat-interval and --reconcile-interval must be positive".into());
+        }
+        let fence_window = fence::fence_window(
+            *lease_duration,
+            *max_clock_skew,
+            *fence_margin,
+            *heartbeat_interval,
+        )?;
+        Ok(Self {
+            worker_id: worker_id.clone().unwrap_or_else(default_worker_id).into(),
+            lease_duration: *lease_duration,
+            heartbeat_interval: *heartbeat_interval,
+            reconcile_interval: *reconcile_interval,
+            fence_window,
+            max_connections: *max_connections,
+            drain_timeout: *drain_timeout,
+            rebalance: !no_rebalance,
+        })
+    }
+}
+
+/// `$POD_NAME` in Kubernetes (unique per pod); elsewhere `<hostname>-<pid>`, so
+/// two workers on one machine never share an identity.
+pub fn default_worker_id() -> String {
+    if let Ok(pod) = std::env::var("POD_NAME")
+        && !pod.is_empty()
+    {
+        return pod;
+    }
+    let host = hostname::get()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "tether".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Everything a worker's tasks share.
+pub struct WorkerCtx {
+    pub settings: WorkerSettings,
+    pub store: LeaseStore,
+    pub metrics: Arc<WorkerMetrics>,
+    pub session_deps: SessionDeps,
+}
+
+impl WorkerCtx {
+    pub fn new(
+        settings: WorkerSettings,
+        store: LeaseStore,
+        metrics: Arc<WorkerMetrics>,
+        policy: policy::HostPolicy,
+        secrets: secrets::SecretSource,
+    ) -> Result<Self, String> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(HTTP_CONNECT_TIMEOUT)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| format!("cannot build the sink HTTP client: {e}"))?;
+        Ok(Self {
+            session_deps: SessionDeps {
+                policy,
+                tls: session::tls_config()?,
+                http,
+                metrics: metrics.clone(),
+                secrets,
+            },
+            settings,
+            store,
+            metrics,
+        })
+    }
+}
+
+struct Owned {
+    key: StreamKey,
+    signals: StreamSignals,
+}
+
+/// Runs the worker until `shutdown` resolves, then drains (bounded by the drain
+/// timeout) and returns.
+pub async fn run(ctx: Arc<WorkerCtx>, health: Arc<Health>, shutdown: impl Future<Output = ()>) {
+    let mut tasks: JoinSet<StreamEnd> = JoinSet::new();
+    let mut owned: HashMap<Id, Owned> = HashMap::new();
+    let drain = CancellationToken::new();
+    tokio::pin!(shutdown);
+    let mut next_reconcile = Instant::now();
+    tracing::info!(worker = %ctx.settings.worker_id, table = ctx.store.table(), "worker started");
+    health.set_ready(true);
+
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                let (id, end) = match joined {
+                    Ok((id, end)) => (id, Some(end)),
+                    Err(e) => (e.id(), None),
+                };
+                if let Some(o) = owned.remove(&id) {
+                    match end {
+                        Some(end) => tracing::info!(stream = %o.key, ?end, "stream task ended"),
+                        None => tracing::error!(stream = %o.key, "stream task panicked; its lease will lapse"),
+                    }
+                }
+                ctx.metrics.leases_held.set(owned.len() as i64);
+            }
+            _ = sleep_until(next_reconcile) => {
+                reconcile(&ctx, &mut tasks, &mut owned, &drain).await;
+                next_reconcile = Instant::now() + jittered(ctx.settings.reconcile_interval);
+            }
+        }
+    }
+
+    tracing::info!(
+        streams = owned.len(),
+        "shutting down: releasing every stream"
+    );
+    health.set_draining();
+    drain.cancel();
+    let drained = timeout(ctx.settings.drain_timeout, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            left = tasks.len(),
+            "drain timeout reached; remaining leases will lapse by themselves"
+        );
+        tasks.abort_all();
+    }
+    ctx.metrics.leases_held.set(0);
+    tracing::info!("worker stopped");
+}
+
+/// One pass: look for orphans and acquire as many as capacity allows.
+async fn reconcile(
+    ctx: &Arc<WorkerCtx>,
+    tasks: &mut JoinSet<StreamEnd>,
+    owned: &mut HashMap<Id, Owned>,
+    drain: &CancellationToken,
+) {
+    let mut budget = ctx.settings.max_connections.saturating_sub(owned.len());
+    if budget == 0 {
+        return;
+    }
+    let now = now_ms();
+    let orphans = match ctx.store.orphans(now).await {
+        Ok(orphans) => orphans,
+        Err(e) => {
+            tracing::warn!(error = %e, "orphan query failed");
+            return;
+        }
+    };
+    let held: std::collections::HashSet<&StreamKey> = owned.values().map(|o| &o.key).collect();
+    let mut candidates: Vec<_> = orphans
+        .into_iter()
+        .filter(|r| !held.contains(&r.key))
+        .collect();
+    // Workers racing for the same orphans try them in different orders.
+    candidates.shuffle(&mut rand::rng());
+    for observed in candidates {
+        if budget == 0 {
+            break;
+        }
+        let sent_at = Instant::now();
+        match ctx
+            .store
+            .acquire(
+                &observed,
+                &ctx.settings.worker_id,
+                ctx.settings.lease_duration,
+            )
+            .await
+        {
+            Ok(AcquireOutcome::Acquired { lease, record }) => {
+                ctx.metrics
+                    .acquires
+                    .get_or_create(&[("result", "acquired")])
+                    .inc();
+                record_takeover(ctx, &observed);
+                tracing::info!(stream = %lease.key, token = lease.counter, last_seq = ?record.last_seq, "acquired");
+                let signals = StreamSignals {
+                    shutdown: drain.child_token(),
+                    handoff: CancellationToken::new(),
+                };
+                let key = lease.key.clone();
+                let handle = tasks.spawn(stream::run(
+                    ctx.clone(),
+                    lease,
+                    *record,
+                    sent_at,
+                    signals.clone(),
+                ));
+                owned.insert(handle.id(), Owned { key, signals });
+                ctx.metrics.leases_held.set(owned.len() as i64);
+                budget -= 1;
+            }
+            Ok(AcquireOutcome::Held { .. }) => {
+                ctx.metrics
+                    .acquires
+                    .get_or_create(&[("result", "held")])
+                    .inc();
+            }
+            Ok(AcquireOutcome::NotStarted | AcquireOutcome::Gone) => {
+                ctx.metrics
+                    .acquires
+                    .get_or_create(&[("result", "unavailable")])
+                    .inc();
+            }
+            Err(e) => {
+                ctx.metrics
+                    .acquires
+                    .get_or_create(&[("result", "error")])
+                    .inc();
+                tracing::warn!(stream = %observed.key, error = %e, "acquire failed");
+                break;
+            }
+        }
+    }
+}
+
+/// How long the stream went without an owner, by how it lost the last one.
+fn record_takeover(ctx: &WorkerCtx, observed: &crate::lease::StreamRecord) {
+    let now = now_ms();
+    if observed.lease_owner.is_none() {
+        return;
+    }
+    if observed.lease_expires_at_ms > 0 {
+        let secs = now.saturating_sub(observed.lease_expires_at_ms) as f64 / 1000.0;
+        ctx.metrics.failover_seconds.observe(secs);
+    } else if let Some(released) = observed.released_at_ms {
+        let secs = now.saturating_sub(released) as f64 / 1000.0;
+        ctx.metrics.handoff_seconds.observe(secs);
+    }
+}
+
+fn jittered(interval: Duration) -> Duration {
+    let factor = rand::rng().random_range((1.0 - RECONCILE_JITTER)..=(1.0 + RECONCILE_JITTER));
+    interval.mul_f64(factor)
+}

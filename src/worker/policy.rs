@@ -1,0 +1,203 @@
+//! Which hosts a stream may dial. Checked after DNS resolution, against the
+//! addresses actually dialled, so a hostname that resolves to the cloud metadata
+//! service is refused just like the literal address.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use thiserror::Error;
+use url::{Host, Url};
+
+/// Hostnames of cloud metadata services that resolve to link-local addresses.
+const METADATA_HOSTNAMES: &[&str] = &["metadata.google.internal", "metadata", "instance-data"];
+/// AWS's IPv6 instance metadata endpoint.
+const AWS_METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PolicyError {
+    #[error("host '{host}' is not in --allow-hosts")]
+    NotAllowed { host: String },
+    #[error(
+        "host '{host}' resolves to {addr}, {why}; list the host in --allow-hosts explicitly to permit it"
+    )]
+    Forbidden {
+        host: String,
+        addr: String,
+        why: &'static str,
+    },
+    #[error("cannot resolve host '{host}': {detail}")]
+    Resolve { host: String, detail: String },
+    #[error("URL '{url}' has no host")]
+    NoHost { url: String },
+}
+
+impl PolicyError {
+    /// Permanent refusals are not retried; resolution failures are.
+    pub fn is_permanent(&self) -> bool {
+        !matches!(self, Self::Resolve { .. })
+    }
+}
+
+/// `--allow-hosts`: `*` (anything not forbidden), `*.example.com` (subdomains),
+/// or an exact host name or address.
+#[derive(Clone, Debug)]
+pub struct HostPolicy {
+    patterns: Vec<String>,
+}
+
+impl HostPolicy {
+    pub fn new(patterns: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self {
+            patterns: patterns
+                .into_iter()
+                .map(|p| p.into().trim().to_ascii_lowercase())
+                .filter(|p| !p.is_empty())
+                .collect(),
+        }
+    }
+
+    fn matches(&self, host: &str) -> bool {
+        self.patterns.iter().any(|p| {
+            p == "*"
+                || p == host
+                || p.strip_prefix("*.")
+                    .is_some_and(|suffix| host.ends_with(&format!(".{suffix}")))
+        })
+    }
+
+    /// Listed by exact name: the only way to reach a forbidden address.
+    fn explicitly_listed(&self, host: &str) -> bool {
+        self.patterns.iter().any(|p| p == host)
+    }
+
+    /// Resolves the URL's host and returns the addresses it may dial.
+    pub async fn resolve(&self, url: &Url) -> Result<Vec<SocketAddr>, PolicyError> {
+        let port = url.port_or_known_default().unwrap_or(80);
+        let (name, literal) = match url.host() {
+            Some(Host::Domain(d)) => (d.to_ascii_lowercase(), None),
+            Some(Host::Ipv4(ip)) => (ip.to_string(), Some(IpAddr::V4(ip))),
+            Some(Host::Ipv6(ip)) => (ip.to_string(), Some(IpAddr::V6(ip))),
+            None => {
+                return Err(PolicyError::NoHost {
+                    url: url.to_string(),
+                });
+            }
+        };
+        if !self.matches(&name) {
+            return Err(PolicyError::NotAllowed { host: name });
+        }
+        let explicit = self.explicitly_listed(&name);
+        if !explicit && METADATA_HOSTNAMES.contains(&name.as_str()) {
+            return Err(PolicyError::Forbidden {
+                host: name.clone(),
+                addr: name,
+                why: "a cloud metadata service",
+            });
+        }
+        let addrs: Vec<SocketAddr> = match literal {
+            Some(ip) => vec![SocketAddr::new(ip, port)],
+            None => tokio::net::lookup_host((name.as_str(), port))
+                .await
+                .map_err(|e| PolicyError::Resolve {
+                    host: name.clone(),
+                    detail: e.to_string(),
+                })?
+                .collect(),
+        };
+        let mut refused = None;
+        let allowed: Vec<SocketAddr> = addrs
+            .into_iter()
+            .filter(|a| match forbidden(a.ip()) {
+                Some(why) if !explicit => {
+                    refused.get_or_insert((a.ip(), why));
+                    false
+                }
+                _ => true,
+            })
+            .collect();
+        match (allowed.is_empty(), refused) {
+            (true, Some((ip, why))) => Err(PolicyError::Forbidden {
+                host: name,
+                addr: ip.to_string(),
+                why,
+            }),
+            (true, None) => Err(PolicyError::Resolve {
+                host: name,
+                detail: "no addresses".into(),
+            }),
+            _ => Ok(allowed),
+        }
+    }
+}
+
+/// Why an address is refused by default, if it is.
+fn forbidden(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(v4) if v4.is_link_local() => {
+            Some("a link-local address (cloud metadata lives there)")
+        }
+        IpAddr::V4(_) => None,
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return forbidden(IpAddr::V4(v4));
+            }
+            if v6 == AWS_METADATA_V6 {
+                Some("the AWS instance metadata service")
+            } else if (v6.segments()[0] & 0xffc0) == 0xfe80 {
+                Some("a link-local address")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(s: &str) -> Url {
+        Url::parse(s).unwrap()
+    }
+
+    #[tokio::test]
+    async fn metadata_addresses_are_refused_by_default() {
+        let policy = HostPolicy::new(["*"]);
+        for u in [
+            "ws://169.254.169.254/latest",
+            "ws://[fd00:ec2::254]/",
+            "ws://[fe80::1]/",
+            "ws://[::ffff:169.254.169.254]/",
+            "ws://metadata.google.internal/",
+        ] {
+            let err = policy.resolve(&url(u)).await.unwrap_err();
+            assert!(matches!(err, PolicyError::Forbidden { .. }), "{u}: {err}");
+            assert!(err.is_permanent());
+        }
+        assert!(policy.resolve(&url("ws://127.0.0.1:9/")).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn an_explicit_entry_permits_a_forbidden_address() {
+        let policy = HostPolicy::new(["169.254.10.10"]);
+        assert!(policy.resolve(&url("ws://169.254.10.10/")).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn hosts_outside_the_allow_list_are_refused() {
+        let policy = HostPolicy::new(["*.example.com", "127.0.0.1"]);
+        assert_eq!(
+            policy.resolve(&url("wss://evil.test/")).await.unwrap_err(),
+            PolicyError::NotAllowed {
+                host: "evil.test".into()
+            }
+        );
+        // `*.example.com` matches subdomains only, not the apex or look-alikes.
+        assert!(matches!(
+            policy.resolve(&url("wss://notexample.com/")).await,
+            Err(PolicyError::NotAllowed { .. })
+        ));
+        assert_eq!(
+            policy.resolve(&url("ws://127.0.0.1:8080/")).await.unwrap(),
+            vec!["127.0.0.1:8080".parse().unwrap()]
+        );
+    }
+}
