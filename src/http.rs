@@ -68,14 +68,33 @@ pub async fn serve(
         .await
 }
 
-async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.encode(),
-    )
+/// OpenMetrics when the scraper asks for it (Prometheus does), classic
+/// Prometheus text otherwise.
+async fn metrics_handler(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+) -> impl IntoResponse {
+    let wants_openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"));
+    if wants_openmetrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            state.metrics.encode(),
+        )
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            state.metrics.encode_prometheus_text(),
+        )
+    }
 }
 
 async fn ready_handler(State(state): State<AppState>) -> impl IntoResponse {

@@ -261,7 +261,7 @@ impl Metrics {
         build_info
             .get_or_create(&[("version", env!("CARGO_PKG_VERSION"))])
             .set(1);
-        registry.register("tether_build", "Build information", build_info);
+        registry.register("tether_build_info", "Build information", build_info);
         Self {
             registry,
             store,
@@ -269,11 +269,72 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition (OpenMetrics flavour).
+    /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+
+    /// The classic Prometheus text format (0.0.4), for scrapers and parsers that
+    /// do not speak OpenMetrics.
+    pub fn encode_prometheus_text(&self) -> String {
+        openmetrics_to_prometheus_text(&self.encode())
+    }
+}
+
+/// Converts OpenMetrics text to Prometheus text 0.0.4: counter families are
+/// named with their `_total` suffix in `# HELP`/`# TYPE`, and the OpenMetrics-only
+/// `# UNIT` and `# EOF` lines are dropped. Samples are identical in both.
+pub fn openmetrics_to_prometheus_text(text: &str) -> String {
+    let counters: std::collections::HashSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let rewritten = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            counters.contains(name).then(|| {
+                format!("{prefix}{name}_total {tail}")
+                    .trim_end()
+                    .to_string()
+            })
+        });
+        out.push_str(rewritten.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_get_their_total_suffix_in_prometheus_text() {
+        let om = "# HELP x_requests Requests.\n# TYPE x_requests counter\nx_requests_total{a=\"b\"} 3\n\
+                  # HELP g A gauge.\n# TYPE g gauge\ng 1\n# EOF\n";
+        assert_eq!(
+            openmetrics_to_prometheus_text(om),
+            "# HELP x_requests_total Requests.\n# TYPE x_requests_total counter\nx_requests_total{a=\"b\"} 3\n\
+             # HELP g A gauge.\n# TYPE g gauge\ng 1\n"
+        );
+    }
+
+    #[test]
+    fn the_registry_exposes_the_hpa_gauge() {
+        let m = Metrics::new();
+        m.worker.active_connections.set(3);
+        assert!(
+            m.encode_prometheus_text()
+                .contains("\ntether_active_connections 3\n")
+        );
     }
 }

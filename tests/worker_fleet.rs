@@ -157,8 +157,9 @@ fn count_owned(owners: &HashMap<String, String>, worker: &str) -> usize {
     owners.values().filter(|o| o.as_str() == worker).count()
 }
 
-/// Starts `first` alone until it owns every stream, then the others, so the
-/// failure under test hits a worker that holds everything.
+/// Waits until `victim` (started alone, with `--no-rebalance` so it keeps what it
+/// has) owns every stream, then starts the others: the failure under test hits
+/// a worker that holds everything.
 async fn fleet_with_loaded_victim(
     bed: &Bed,
     names: &[String],
@@ -207,7 +208,10 @@ async fn every_stream_is_connected_exactly_once_across_three_workers() {
 async fn sigkill_moves_every_stream_elsewhere_without_overlap_or_gaps() {
     let bed = bed().await;
     let names = bed.apply_streams(8).await;
-    let victim = bed.fleet.spawn("victim").unwrap();
+    let victim = bed
+        .fleet
+        .spawn_with("victim", &bed.fleet.endpoint, &["--no-rebalance"])
+        .unwrap();
     let (victim, _others) = fleet_with_loaded_victim(&bed, &names, victim, &["b", "c"]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     victim.signal(Signal::SIGKILL).unwrap();
@@ -239,7 +243,10 @@ async fn sigterm_hands_streams_over_well_before_the_lease_would_lapse() {
     bed.fleet.lease_duration = Duration::from_secs(30);
     bed.fleet.heartbeat_interval = Duration::from_secs(2);
     let names = bed.apply_streams(8).await;
-    let victim = bed.fleet.spawn("victim").unwrap();
+    let victim = bed
+        .fleet
+        .spawn_with("victim", &bed.fleet.endpoint, &["--no-rebalance"])
+        .unwrap();
     let (mut victim, _others) = fleet_with_loaded_victim(&bed, &names, victim, &["b", "c"]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let started = tokio::time::Instant::now();
@@ -283,7 +290,10 @@ async fn a_worker_cut_off_from_dynamodb_closes_its_sessions_before_others_take_t
         .parse()
         .unwrap();
     let proxy = FaultProxy::start(loopback(), store_addr).await.unwrap();
-    let victim = bed.fleet.spawn_via("victim", &proxy.endpoint()).unwrap();
+    let victim = bed
+        .fleet
+        .spawn_with("victim", &proxy.endpoint(), &["--no-rebalance"])
+        .unwrap();
     let (victim, _others) = fleet_with_loaded_victim(&bed, &names, victim, &["b", "c"]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     proxy.set_mode(ProxyMode::Blackhole);
@@ -328,7 +338,10 @@ async fn a_paused_worker_wakes_up_fenced_and_delivers_nothing_stale() {
     bed.fleet.lease_duration = Duration::from_secs(6);
     bed.fleet.heartbeat_interval = Duration::from_secs(1);
     let names = bed.apply_streams(6).await;
-    let victim = bed.fleet.spawn("victim").unwrap();
+    let victim = bed
+        .fleet
+        .spawn_with("victim", &bed.fleet.endpoint, &["--no-rebalance"])
+        .unwrap();
     let (victim, _others) = fleet_with_loaded_victim(&bed, &names, victim, &["b", "c"]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     victim.signal(Signal::SIGSTOP).unwrap();

@@ -47,6 +47,21 @@ mod attr {
     pub const RELEASED_AT_MS: &str = "released_at_ms";
 }
 
+/// Partition key prefix of worker membership items.
+pub const MEMBER_PK_PREFIX: &str = "WORKER#";
+/// The `by_state` partition holding membership items (never STARTED/STOPPED, so
+/// the orphan query never sees them).
+pub const MEMBER_PARTITION: &str = "WORKER";
+/// Attribute of a membership item: streams the worker held at its last heartbeat.
+const MEMBER_HELD: &str = "held_streams";
+
+/// A live worker as its membership item describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub id: String,
+    pub held: u64,
+}
+
 /// How an acquire that keeps losing the counter race gives up for this round.
 const MAX_ACQUIRE_ATTEMPTS: usize = 3;
 /// How long `table create` waits for the table and its index to become ACTIVE.
@@ -786,6 +801,93 @@ impl LeaseStore {
                 }
             }
         }
+    }
+
+    // ---- fleet membership ------------------------------------------------------------
+
+    /// Writes this worker's membership item: `WORKER#<id>`, in the `by_state`
+    /// index under partition `WORKER` with its expiry as sort key, so live workers
+    /// are one cheap query (never a table scan). Only its own worker writes it.
+    pub async fn heartbeat_member(
+        &self,
+        member: &Member,
+        lease_duration: Duration,
+    ) -> Result<(), StoreError> {
+        let expires = expiry_from(now_ms(), lease_duration);
+        let out = self
+            .call("heartbeat_member", None, || {
+                self.client
+                    .put_item()
+                    .table_name(&self.table)
+                    .item(attr::PK, s(format!("{MEMBER_PK_PREFIX}{}", member.id)))
+                    .item(attr::DESIRED_STATE, s(MEMBER_PARTITION))
+                    .item(attr::LEASE_EXPIRES_AT_MS, n(expires))
+                    .item(attr::LEASE_OWNER, s(&member.id))
+                    .item(MEMBER_HELD, n(member.held))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                    .send()
+            })
+            .await?
+            .map_err(|_| self.unexpected_condition("put_item"))?;
+        self.record_write_capacity("heartbeat_member", out.consumed_capacity());
+        Ok(())
+    }
+
+    /// Removes this worker's membership item (graceful shutdown).
+    pub async fn remove_member(&self, id: &str) -> Result<(), StoreError> {
+        self.call("remove_member", None, || {
+            self.client
+                .delete_item()
+                .table_name(&self.table)
+                .key(attr::PK, s(format!("{MEMBER_PK_PREFIX}{id}")))
+                .send()
+        })
+        .await?
+        .map_err(|_| self.unexpected_condition("delete_item"))?;
+        Ok(())
+    }
+
+    /// Workers whose membership has not lapsed at `now_ms`.
+    pub async fn live_members(&self, now_ms: u64) -> Result<Vec<Member>, StoreError> {
+        let mut members = Vec::new();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        loop {
+            let out = self
+                .call("query_members", None, || {
+                    self.client
+                        .query()
+                        .table_name(&self.table)
+                        .index_name(TABLE_GSI)
+                        .key_condition_expression(
+                            "desired_state = :worker AND lease_expires_at_ms > :now",
+                        )
+                        .expression_attribute_values(":worker", s(MEMBER_PARTITION))
+                        .expression_attribute_values(":now", n(now_ms))
+                        .set_exclusive_start_key(start.clone())
+                        .send()
+                })
+                .await?
+                .map_err(|_| self.unexpected_condition("query"))?;
+            for item in out.items() {
+                let id = item
+                    .get(attr::LEASE_OWNER)
+                    .and_then(|v| v.as_s().ok())
+                    .cloned();
+                let held = item
+                    .get(MEMBER_HELD)
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                if let Some(id) = id {
+                    members.push(Member { id, held });
+                }
+            }
+            match out.last_evaluated_key() {
+                Some(k) if !k.is_empty() => start = Some(k.clone()),
+                _ => break,
+            }
+        }
+        Ok(members)
     }
 
     // ---- control-plane writes ----------------------------------------------------

@@ -10,7 +10,7 @@ mod dynamo;
 mod error;
 mod retry;
 
-pub use dynamo::{LeaseStore, StoreConfig, TABLE_GSI};
+pub use dynamo::{LeaseStore, MEMBER_PARTITION, Member, StoreConfig, TABLE_GSI};
 pub use error::StoreError;
 pub use retry::RetryPolicy;
 

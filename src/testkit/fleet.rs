@@ -55,6 +55,16 @@ impl FleetConfig {
     /// Starts one worker with identity `id`, its store traffic sent to `endpoint`
     /// (pass a fault proxy's endpoint to be able to cut it off).
     pub fn spawn_via(&self, id: &str, endpoint: &str) -> std::io::Result<WorkerProcess> {
+        self.spawn_with(id, endpoint, &[])
+    }
+
+    /// Like [`FleetConfig::spawn_via`], with extra `tether worker` arguments.
+    pub fn spawn_with(
+        &self,
+        id: &str,
+        endpoint: &str,
+        extra: &[&str],
+    ) -> std::io::Result<WorkerProcess> {
         let metrics_addr = free_port()?;
         let log_path = self.log_dir.join(format!("{id}.log"));
         let log = std::fs::File::create(&log_path)?;
@@ -80,6 +90,7 @@ impl FleetConfig {
             .arg("--metrics-addr")
             .arg(metrics_addr.to_string())
             .args(&self.extra_args)
+            .args(extra)
             .env("AWS_ENDPOINT_URL_DYNAMODB", endpoint)
             .env("AWS_REGION", "us-east-1")
             .env("AWS_ACCESS_KEY_ID", "tether-local")

@@ -4,6 +4,7 @@
 
 pub mod fence;
 pub mod policy;
+pub mod rebalance;
 pub mod secrets;
 pub mod session;
 pub mod stream;
@@ -26,6 +27,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Timeout of one sink HTTP request unless the spec sets its own.
 const HTTP_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A worker at or above its fair share leaves orphans this long to workers below
+/// it before taking them itself (so load goes to new workers first).
+const ORPHAN_GRACE_INTERVALS: u32 = 4;
 /// Fraction of the reconcile interval used as jitter (±), so a fleet that started
 /// together does not query and acquire in lockstep.
 const RECONCILE_JITTER: f64 = 0.25;
@@ -137,84 +141,160 @@ struct Owned {
     signals: StreamSignals,
 }
 
+/// The worker's mutable state, owned by its main loop.
+struct WorkerState {
+    tasks: JoinSet<StreamEnd>,
+    owned: HashMap<Id, Owned>,
+    drain: CancellationToken,
+    fleet: Option<rebalance::FleetView>,
+    last_handoff: Option<Instant>,
+}
+
+impl WorkerState {
+    /// Streams held and not being handed over.
+    fn held(&self) -> u64 {
+        self.owned
+            .values()
+            .filter(|o| !o.signals.handoff.is_cancelled())
+            .count() as u64
+    }
+}
+
 /// Runs the worker until `shutdown` resolves, then drains (bounded by the drain
 /// timeout) and returns.
 pub async fn run(ctx: Arc<WorkerCtx>, health: Arc<Health>, shutdown: impl Future<Output = ()>) {
-    let mut tasks: JoinSet<StreamEnd> = JoinSet::new();
-    let mut owned: HashMap<Id, Owned> = HashMap::new();
-    let drain = CancellationToken::new();
+    let mut state = WorkerState {
+        tasks: JoinSet::new(),
+        owned: HashMap::new(),
+        drain: CancellationToken::new(),
+        fleet: None,
+        last_handoff: None,
+    };
     tokio::pin!(shutdown);
     let mut next_reconcile = Instant::now();
+    let mut membership = tokio::time::interval(ctx.settings.heartbeat_interval);
+    membership.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tracing::info!(worker = %ctx.settings.worker_id, table = ctx.store.table(), "worker started");
     health.set_ready(true);
 
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+            Some(joined) = state.tasks.join_next_with_id(), if !state.tasks.is_empty() => {
                 let (id, end) = match joined {
                     Ok((id, end)) => (id, Some(end)),
                     Err(e) => (e.id(), None),
                 };
-                if let Some(o) = owned.remove(&id) {
+                if let Some(o) = state.owned.remove(&id) {
                     match end {
                         Some(end) => tracing::info!(stream = %o.key, ?end, "stream task ended"),
                         None => tracing::error!(stream = %o.key, "stream task panicked; its lease will lapse"),
                     }
                 }
-                ctx.metrics.leases_held.set(owned.len() as i64);
+                ctx.metrics.leases_held.set(state.owned.len() as i64);
             }
+            _ = membership.tick() => refresh_membership(&ctx, &mut state).await,
             _ = sleep_until(next_reconcile) => {
-                reconcile(&ctx, &mut tasks, &mut owned, &drain).await;
+                reconcile(&ctx, &mut state).await;
                 next_reconcile = Instant::now() + jittered(ctx.settings.reconcile_interval);
             }
         }
     }
 
     tracing::info!(
-        streams = owned.len(),
+        streams = state.owned.len(),
         "shutting down: releasing every stream"
     );
     health.set_draining();
-    drain.cancel();
+    // Leave the fleet first, so peers' fair share grows before our streams arrive.
+    if let Err(e) = ctx.store.remove_member(&ctx.settings.worker_id).await {
+        tracing::warn!(error = %e, "could not remove the membership item; it will lapse");
+    }
+    state.drain.cancel();
     let drained = timeout(ctx.settings.drain_timeout, async {
-        while tasks.join_next().await.is_some() {}
+        while state.tasks.join_next().await.is_some() {}
     })
     .await;
     if drained.is_err() {
         tracing::warn!(
-            left = tasks.len(),
+            left = state.tasks.len(),
             "drain timeout reached; remaining leases will lapse by themselves"
         );
-        tasks.abort_all();
+        state.tasks.abort_all();
     }
     ctx.metrics.leases_held.set(0);
     tracing::info!("worker stopped");
 }
 
-/// One pass: look for orphans and acquire as many as capacity allows.
-async fn reconcile(
-    ctx: &Arc<WorkerCtx>,
-    tasks: &mut JoinSet<StreamEnd>,
-    owned: &mut HashMap<Id, Owned>,
-    drain: &CancellationToken,
-) {
-    let mut budget = ctx.settings.max_connections.saturating_sub(owned.len());
-    if budget == 0 {
-        return;
-    }
-    let now = now_ms();
-    let orphans = match ctx.store.orphans(now).await {
-        Ok(orphans) => orphans,
-        Err(e) => {
-            tracing::warn!(error = %e, "orphan query failed");
-            return;
-        }
+/// Publishes our held count and reads everybody else's.
+async fn refresh_membership(ctx: &WorkerCtx, state: &mut WorkerState) {
+    let me = crate::lease::Member {
+        id: ctx.settings.worker_id.to_string(),
+        held: state.held(),
     };
-    let held: std::collections::HashSet<&StreamKey> = owned.values().map(|o| &o.key).collect();
+    let result = async {
+        ctx.store
+            .heartbeat_member(&me, ctx.settings.lease_duration)
+            .await?;
+        ctx.store.live_members(now_ms()).await
+    }
+    .await;
+    match result {
+        Ok(members) => {
+            let view = rebalance::FleetView { members };
+            ctx.metrics
+                .live_workers
+                .set(view.live(&ctx.settings.worker_id) as i64);
+            state.fleet = Some(view);
+        }
+        Err(e) => {
+            // Without a fleet view, acquire freely: availability beats balance.
+            state.fleet = None;
+            tracing::warn!(error = %e, "membership refresh failed");
+        }
+    }
+}
+
+/// One pass: look for orphans, acquire up to the fair share (or capacity), and
+/// hand excess streams over when a peer is below its share.
+async fn reconcile(ctx: &Arc<WorkerCtx>, state: &mut WorkerState) {
+    let capacity = ctx
+        .settings
+        .max_connections
+        .saturating_sub(state.owned.len());
+    let now = now_ms();
+    let orphans = if capacity > 0 {
+        match ctx.store.orphans(now).await {
+            Ok(orphans) => orphans,
+            Err(e) => {
+                tracing::warn!(error = %e, "orphan query failed");
+                return;
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    let me = ctx.settings.worker_id.to_string();
+    let held = state.held();
+    let fair = state
+        .fleet
+        .as_ref()
+        .map(|f| f.fair_share(&me, held, orphans.len() as u64));
+    let (mut budget, grace_ms) = match fair {
+        Some(fair) if held < fair => ((fair - held) as usize, 0),
+        Some(_) => (
+            capacity,
+            (ctx.settings.reconcile_interval * ORPHAN_GRACE_INTERVALS).as_millis() as u64,
+        ),
+        None => (capacity, 0),
+    };
+    budget = budget.min(capacity);
+
+    let held_keys: std::collections::HashSet<&StreamKey> =
+        state.owned.values().map(|o| &o.key).collect();
     let mut candidates: Vec<_> = orphans
         .into_iter()
-        .filter(|r| !held.contains(&r.key))
+        .filter(|r| !held_keys.contains(&r.key) && orphan_age_ms(r, now) >= grace_ms)
         .collect();
     // Workers racing for the same orphans try them in different orders.
     candidates.shuffle(&mut rand::rng());
@@ -240,19 +320,19 @@ async fn reconcile(
                 record_takeover(ctx, &observed);
                 tracing::info!(stream = %lease.key, token = lease.counter, last_seq = ?record.last_seq, "acquired");
                 let signals = StreamSignals {
-                    shutdown: drain.child_token(),
+                    shutdown: state.drain.child_token(),
                     handoff: CancellationToken::new(),
                 };
                 let key = lease.key.clone();
-                let handle = tasks.spawn(stream::run(
+                let handle = state.tasks.spawn(stream::run(
                     ctx.clone(),
                     lease,
                     *record,
                     sent_at,
                     signals.clone(),
                 ));
-                owned.insert(handle.id(), Owned { key, signals });
-                ctx.metrics.leases_held.set(owned.len() as i64);
+                state.owned.insert(handle.id(), Owned { key, signals });
+                ctx.metrics.leases_held.set(state.owned.len() as i64);
                 budget -= 1;
             }
             Ok(AcquireOutcome::Held { .. }) => {
@@ -276,6 +356,34 @@ async fn reconcile(
                 break;
             }
         }
+    }
+
+    if let (true, Some(fair), Some(fleet)) = (ctx.settings.rebalance, fair, state.fleet.as_ref()) {
+        let cooldown = ctx.settings.heartbeat_interval * 2;
+        let cooled = state.last_handoff.is_none_or(|t| t.elapsed() >= cooldown);
+        let count = rebalance::handoff_count(state.held(), fair, fleet.peer_below(&me, fair));
+        if cooled && count > 0 {
+            let mut movable: Vec<&Owned> = state
+                .owned
+                .values()
+                .filter(|o| !o.signals.handoff.is_cancelled())
+                .collect();
+            movable.shuffle(&mut rand::rng());
+            for o in movable.into_iter().take(count as usize) {
+                tracing::info!(stream = %o.key, fair, "handing stream over to rebalance the fleet");
+                o.signals.handoff.cancel();
+            }
+            state.last_handoff = Some(Instant::now());
+        }
+    }
+}
+
+/// How long an orphan has been without an owner (never-owned: forever).
+fn orphan_age_ms(r: &crate::lease::StreamRecord, now: u64) -> u64 {
+    match (r.lease_expires_at_ms, r.released_at_ms) {
+        (0, Some(released)) => now.saturating_sub(released),
+        (0, None) => u64::MAX,
+        (expired, _) => now.saturating_sub(expired),
     }
 }
 

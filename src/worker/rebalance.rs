@@ -1,0 +1,105 @@
+//! Fair share: how many streams this worker should hold, and how many it should
+//! hand over, so that adding a worker actually moves load to it (which is what
+//! makes an HPA on active connections per pod converge).
+//!
+//! Every worker publishes its held count in its membership item; the fair share
+//! is `ceil((streams held by live workers + orphans) / live workers)`. A worker
+//! below its share acquires first; one above it acquires only orphans nobody
+//! else picked up for a while (availability beats balance) and hands its excess
+//! over, a few at a time, by checkpoint + release — but only while some peer is
+//! below its share, so a stable fleet never churns.
+
+use crate::lease::Member;
+
+/// What a worker knows about the fleet from the last membership query.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetView {
+    pub members: Vec<Member>,
+}
+
+impl FleetView {
+    /// Live workers, counting `me` even if its own item is not visible yet.
+    pub fn live(&self, me: &str) -> usize {
+        self.members.len() + usize::from(!self.members.iter().any(|m| m.id == me))
+    }
+
+    /// Streams held by the other workers at their last heartbeat.
+    pub fn held_by_others(&self, me: &str) -> u64 {
+        self.members
+            .iter()
+            .filter(|m| m.id != me)
+            .map(|m| m.held)
+            .sum()
+    }
+
+    /// Whether some other worker holds fewer than `fair` streams.
+    pub fn peer_below(&self, me: &str, fair: u64) -> bool {
+        self.members.iter().any(|m| m.id != me && m.held < fair)
+    }
+
+    /// Fair share given what this worker holds and the orphans it sees.
+    pub fn fair_share(&self, me: &str, held: u64, orphans: u64) -> u64 {
+        fair_share(self.held_by_others(me) + held + orphans, self.live(me))
+    }
+}
+
+/// `ceil(streams / workers)`.
+pub fn fair_share(streams: u64, workers: usize) -> u64 {
+    streams.div_ceil(workers.max(1) as u64)
+}
+
+/// How many streams to hand over now: half the excess (rounded up), so a large
+/// imbalance converges in a few steps without moving everything at once.
+pub fn handoff_count(held: u64, fair: u64, peer_below: bool) -> u64 {
+    if !peer_below || held <= fair {
+        return 0;
+    }
+    (held - fair).div_ceil(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(held: &[(&str, u64)]) -> FleetView {
+        FleetView {
+            members: held
+                .iter()
+                .map(|(id, held)| Member {
+                    id: id.to_string(),
+                    held: *held,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_new_worker_raises_nobody_s_share_but_lowers_the_busy_ones() {
+        // Two workers with 15 each; a third joins with 0.
+        let v = view(&[("a", 15), ("b", 15), ("c", 0)]);
+        assert_eq!(v.fair_share("a", 15, 0), 10);
+        assert_eq!(handoff_count(15, 10, v.peer_below("a", 10)), 3);
+        // Next step: 12 → hands 1; then 11 → hands 1; then stable at 10.
+        assert_eq!(handoff_count(12, 10, true), 1);
+        assert_eq!(handoff_count(11, 10, true), 1);
+        assert_eq!(handoff_count(10, 10, true), 0);
+    }
+
+    #[test]
+    fn a_stable_fleet_never_moves_anything() {
+        let v = view(&[("a", 11), ("b", 11), ("c", 9)]);
+        let fair = v.fair_share("a", 11, 0);
+        assert_eq!(fair, 11);
+        assert_eq!(handoff_count(11, fair, v.peer_below("a", fair)), 0);
+        // Even above fair share, nothing moves when no peer could take it.
+        assert_eq!(handoff_count(12, 10, false), 0);
+    }
+
+    #[test]
+    fn orphans_count_toward_the_share_and_a_missing_self_is_counted() {
+        let v = view(&[("b", 10)]);
+        assert_eq!(v.live("a"), 2);
+        assert_eq!(v.fair_share("a", 0, 10), 10);
+        assert_eq!(fair_share(0, 0), 0);
+    }
+}
