@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod config;
 pub mod crd;
+pub mod demo;
 pub mod embedded;
 pub mod http;
 pub mod lease;
@@ -50,6 +51,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let open = cli::open_store(&cli.store, metrics.store.clone()).await?;
             cli::delete(&open.store, &name).await
         }
+        Command::Demo(args) => demo::run(args).await,
         Command::Worker(args) => {
             let open = cli::open_store(&cli.store, metrics.store.clone()).await?;
             cli::worker(

@@ -9,9 +9,8 @@ use serde_json::json;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::Arc;
 use std::time::Duration;
-use tether::crd::{HttpSinkSpec, LimitsSpec, SequenceSpec, SinkSpec, StreamConnectionSpec};
+use tether::crd::{LimitsSpec, StreamConnectionSpec};
 use tether::lease::{DesiredState, LeaseStore, StreamKey, UpsertOutcome, now_ms};
 use tether::testkit::fleet::{FleetConfig, WorkerProcess, metric_value};
 use tether::testkit::proxy::{FaultProxy, ProxyMode};
@@ -477,7 +476,7 @@ async fn stopping_closes_and_releases_and_starting_again_resumes_without_gaps() 
         "s00 is closed and released",
         || async {
             let r = bed.store.get(&key).await.unwrap().unwrap();
-            bed.upstream.open_sessions().get("s00").is_none()
+            !bed.upstream.open_sessions().contains_key("s00")
                 && r.lease_expires_at_ms == 0
                 && r.status.as_ref().map(|s| s.phase.as_str()) == Some("Stopped")
         },
@@ -670,6 +669,3 @@ async fn apply_reports_bad_documents_by_file_index_and_field_and_applies_the_res
         None
     );
 }
-
-#[allow(dead_code)]
-fn unused(_: Arc<()>, _: SinkSpec, _: HttpSinkSpec, _: SequenceSpec) {}

@@ -45,6 +45,7 @@ mod attr {
     pub const CONNECTED_SINCE_MS: &str = "connected_since_ms";
     pub const RECONNECTS: &str = "reconnects";
     pub const RELEASED_AT_MS: &str = "released_at_ms";
+    pub const CREATED_AT_MS: &str = "created_at_ms";
 }
 
 /// Partition key prefix of worker membership items.
@@ -913,7 +914,8 @@ impl LeaseStore {
                     .key(attr::PK, s(key.pk()))
                     .update_expression(
                         "SET desired_state = :d, ws_url = :u, spec = :spec, #gen = :g, \
-                         lease_expires_at_ms = if_not_exists(lease_expires_at_ms, :zero)",
+                         lease_expires_at_ms = if_not_exists(lease_expires_at_ms, :zero), \
+                         created_at_ms = if_not_exists(created_at_ms, :now)",
                     )
                     .condition_expression("attribute_not_exists(#gen) OR #gen <= :g")
                     .expression_attribute_names("#gen", attr::GENERATION)
@@ -922,6 +924,7 @@ impl LeaseStore {
                     .expression_attribute_values(":spec", s(&spec))
                     .expression_attribute_values(":g", n(desired.generation))
                     .expression_attribute_values(":zero", n(0))
+                    .expression_attribute_values(":now", n(now_ms()))
                     .return_consumed_capacity(ReturnConsumedCapacity::Total)
                     .send()
             })
@@ -1039,6 +1042,7 @@ impl LeaseStore {
             lease_counter: clamp(get_n(attr::LEASE_COUNTER)?).unwrap_or(0),
             last_seq: clamp(get_n(attr::LAST_SEQ)?),
             released_at_ms: clamp(get_n(attr::RELEASED_AT_MS).unwrap_or(None)),
+            created_at_ms: clamp(get_n(attr::CREATED_AT_MS).unwrap_or(None)),
             status,
         })
     }

@@ -117,6 +117,8 @@ pub struct StreamRecord {
     pub last_seq: Option<u64>,
     /// When the last owner released the stream gracefully (wall-clock ms).
     pub released_at_ms: Option<u64>,
+    /// When the control plane first wrote the item (wall-clock ms).
+    pub created_at_ms: Option<u64>,
     /// Session status the owner reports along with its heartbeats.
     pub status: Option<SessionStatus>,
 }
@@ -241,6 +243,7 @@ mod tests {
             lease_counter: 3,
             last_seq: Some(9),
             released_at_ms: None,
+            created_at_ms: None,
             status: None,
         };
         assert_eq!(record.live_owner(1), None);

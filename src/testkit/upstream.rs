@@ -159,6 +159,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 async fn serve(socket: TcpStream, state: Arc<State>, period: Duration) {
     let mut target: Option<(String, u64)> = None;
     let behaviors = state.behaviors.clone_inner();
+    // tungstenite's callback signature fixes the error type.
+    #[allow(clippy::result_large_err)]
     let callback = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
         let stream = req.uri().path().trim_start_matches('/').to_string();
         let after = req
@@ -206,8 +208,10 @@ async fn serve(socket: TcpStream, state: Arc<State>, period: Duration) {
     let mut last_heard = Instant::now();
     match behavior {
         Behavior::Malformed => {
-            let mut header = FrameHeader::default();
-            header.opcode = OpCode::Data(Data::Text);
+            let header = FrameHeader {
+                opcode: OpCode::Data(Data::Text),
+                ..FrameHeader::default()
+            };
             let frame = Frame::from_payload(header, vec![0xff, 0xfe, 0xfd].into());
             let _ = ws.send(Message::Frame(frame)).await;
         }

@@ -27,9 +27,13 @@ use tokio_util::sync::CancellationToken;
 
 /// Timeout of one sink HTTP request unless the spec sets its own.
 const HTTP_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// A worker at or above its fair share leaves orphans this long to workers below
-/// it before taking them itself (so load goes to new workers first).
-const ORPHAN_GRACE_INTERVALS: u32 = 4;
+/// A worker at or above its fair share leaves streams that were released for
+/// rebalancing this long to workers below it before taking them itself (so the
+/// load goes to the new workers, and the releasing worker does not take it back).
+const ORPHAN_GRACE_INTERVALS: u64 = 4;
+/// A worker at or above its fair share leaves streams released on shutdown (or
+/// never owned) this many reconcile intervals to workers below it.
+const SHARE_GRACE_INTERVALS: u64 = 2;
 /// Fraction of the reconcile interval used as jitter (±), so a fleet that started
 /// together does not query and acquire in lockstep.
 const RECONCILE_JITTER: f64 = 0.25;
@@ -280,27 +284,27 @@ async fn reconcile(ctx: &Arc<WorkerCtx>, state: &mut WorkerState) {
         .fleet
         .as_ref()
         .map(|f| f.fair_share(&me, held, orphans.len() as u64));
-    let (mut budget, grace_ms) = match fair {
-        Some(fair) if held < fair => ((fair - held) as usize, 0),
-        Some(_) => (
-            capacity,
-            (ctx.settings.reconcile_interval * ORPHAN_GRACE_INTERVALS).as_millis() as u64,
-        ),
-        None => (capacity, 0),
+    let interval_ms = ctx.settings.reconcile_interval.as_millis() as u64;
+    let mut policy = rebalance::AcquirePolicy {
+        below_share: fair.map(|f| f.saturating_sub(held)),
+        share_grace_ms: interval_ms * SHARE_GRACE_INTERVALS,
+        rebalance_grace_ms: interval_ms * ORPHAN_GRACE_INTERVALS,
     };
-    budget = budget.min(capacity);
-
+    let mut budget = capacity;
     let held_keys: std::collections::HashSet<&StreamKey> =
         state.owned.values().map(|o| &o.key).collect();
     let mut candidates: Vec<_> = orphans
         .into_iter()
-        .filter(|r| !held_keys.contains(&r.key) && orphan_age_ms(r, now) >= grace_ms)
+        .filter(|r| !held_keys.contains(&r.key))
         .collect();
     // Workers racing for the same orphans try them in different orders.
     candidates.shuffle(&mut rand::rng());
     for observed in candidates {
         if budget == 0 {
             break;
+        }
+        if !policy.allows(rebalance::classify(&observed, now)) {
+            continue;
         }
         let sent_at = Instant::now();
         match ctx
@@ -334,6 +338,7 @@ async fn reconcile(ctx: &Arc<WorkerCtx>, state: &mut WorkerState) {
                 state.owned.insert(handle.id(), Owned { key, signals });
                 ctx.metrics.leases_held.set(state.owned.len() as i64);
                 budget -= 1;
+                policy.acquired();
             }
             Ok(AcquireOutcome::Held { .. }) => {
                 ctx.metrics
@@ -375,15 +380,6 @@ async fn reconcile(ctx: &Arc<WorkerCtx>, state: &mut WorkerState) {
             }
             state.last_handoff = Some(Instant::now());
         }
-    }
-}
-
-/// How long an orphan has been without an owner (never-owned: forever).
-fn orphan_age_ms(r: &crate::lease::StreamRecord, now: u64) -> u64 {
-    match (r.lease_expires_at_ms, r.released_at_ms) {
-        (0, Some(released)) => now.saturating_sub(released),
-        (0, None) => u64::MAX,
-        (expired, _) => now.saturating_sub(expired),
     }
 }
 

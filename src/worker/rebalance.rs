@@ -103,3 +103,111 @@ mod tests {
         assert_eq!(fair_share(0, 0), 0);
     }
 }
+
+/// Why a stream is without an owner, which decides who should take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Orphan {
+    /// Its owner stopped renewing: it has already waited a whole lease.
+    Crashed,
+    /// Released by an owner that shut down, `age_ms` ago.
+    Released { age_ms: u64 },
+    /// Released by an owner to rebalance the fleet, `age_ms` ago.
+    Rebalanced { age_ms: u64 },
+    /// Never owned; created `age_ms` ago.
+    New { age_ms: u64 },
+}
+
+/// Classifies an orphan from its item.
+pub fn classify(r: &crate::lease::StreamRecord, now_ms: u64) -> Orphan {
+    let since = |t: Option<u64>| t.map_or(u64::MAX, |t| now_ms.saturating_sub(t));
+    if r.lease_expires_at_ms > 0 {
+        return Orphan::Crashed;
+    }
+    if r.lease_owner.is_none() {
+        return Orphan::New {
+            age_ms: since(r.created_at_ms),
+        };
+    }
+    let age_ms = since(r.released_at_ms);
+    let reason = r.status.as_ref().and_then(|s| s.reason.as_deref());
+    if reason == Some(super::stream::RELEASED_FOR_REBALANCING) {
+        Orphan::Rebalanced { age_ms }
+    } else {
+        Orphan::Released { age_ms }
+    }
+}
+
+/// Which orphans this worker takes in one reconcile pass.
+///
+/// Below its fair share a worker takes anything, up to the share. Beyond it:
+/// crashed streams at once (availability first: they have waited a lease
+/// already); streams released on shutdown or never owned once `share_grace_ms`
+/// has given the workers below their share a chance; streams released for
+/// rebalancing only after `rebalance_grace_ms`, so they land on the new worker
+/// and not back where they came from.
+#[derive(Clone, Copy, Debug)]
+pub struct AcquirePolicy {
+    /// Streams still wanted to reach the fair share; `None` without a fleet view.
+    pub below_share: Option<u64>,
+    pub share_grace_ms: u64,
+    pub rebalance_grace_ms: u64,
+}
+
+impl AcquirePolicy {
+    pub fn allows(&self, orphan: Orphan) -> bool {
+        if self.below_share.is_none_or(|n| n > 0) {
+            return true;
+        }
+        match orphan {
+            Orphan::Crashed => true,
+            Orphan::Released { age_ms } | Orphan::New { age_ms } => age_ms >= self.share_grace_ms,
+            Orphan::Rebalanced { age_ms } => age_ms >= self.rebalance_grace_ms,
+        }
+    }
+
+    /// Counts an acquired stream toward the fair share.
+    pub fn acquired(&mut self) {
+        if let Some(n) = self.below_share.as_mut() {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod policy_tests {
+    use super::*;
+
+    fn policy(below: Option<u64>) -> AcquirePolicy {
+        AcquirePolicy {
+            below_share: below,
+            share_grace_ms: 1000,
+            rebalance_grace_ms: 2000,
+        }
+    }
+
+    #[test]
+    fn below_the_share_anything_goes_until_the_share_is_reached() {
+        let mut p = policy(Some(1));
+        assert!(p.allows(Orphan::Rebalanced { age_ms: 0 }));
+        p.acquired();
+        assert!(!p.allows(Orphan::Rebalanced { age_ms: 0 }));
+        assert!(!p.allows(Orphan::New { age_ms: 10 }));
+        assert!(
+            p.allows(Orphan::Crashed),
+            "crashed streams are never left waiting"
+        );
+    }
+
+    #[test]
+    fn at_the_share_released_streams_wait_their_grace() {
+        let p = policy(Some(0));
+        assert!(!p.allows(Orphan::Released { age_ms: 999 }));
+        assert!(p.allows(Orphan::Released { age_ms: 1000 }));
+        assert!(!p.allows(Orphan::Rebalanced { age_ms: 1999 }));
+        assert!(p.allows(Orphan::Rebalanced { age_ms: 2000 }));
+        assert!(
+            policy(None).allows(Orphan::Rebalanced { age_ms: 0 }),
+            "no fleet view: take all"
+        );
+    }
+}

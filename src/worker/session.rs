@@ -62,6 +62,8 @@ pub struct SessionShared {
     acked: AtomicU64,
     status: Mutex<SessionStatus>,
     status_dirty: AtomicBool,
+    /// Signalled when the phase changes, so the holder writes it early.
+    phase_changed: tokio::sync::Notify,
 }
 
 impl SessionShared {
@@ -74,7 +76,13 @@ impl SessionShared {
                 ..SessionStatus::default()
             }),
             status_dirty: AtomicBool::new(true),
+            phase_changed: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Resolves after the next phase change (or at once if one is pending).
+    pub async fn phase_changed(&self) {
+        self.phase_changed.notified().await;
     }
 
     pub fn acked(&self) -> u64 {
@@ -96,6 +104,9 @@ impl SessionShared {
         change(&mut status);
         if *status != before {
             self.status_dirty.store(true, Ordering::SeqCst);
+        }
+        if status.phase != before.phase {
+            self.phase_changed.notify_one();
         }
     }
 
@@ -609,7 +620,7 @@ async fn deliver(
                     .get_or_create(&[("sink", sink.kind()), ("result", e.category())])
                     .inc();
                 let delay = SINK_BACKOFF.delay(attempt);
-                if attempt == 0 || attempt % 20 == 0 {
+                if attempt.is_multiple_of(20) {
                     tracing::warn!(stream = %cfg.key, error = %e, attempt, "sink delivery failed; holding the batch and pausing reads");
                 }
                 shared.update_status(|s| {

@@ -12,6 +12,12 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 
+/// Status reason of a stream its owner released to rebalance the fleet; such
+/// orphans are left to underloaded workers for a moment.
+pub const RELEASED_FOR_REBALANCING: &str = "Rebalancing";
+/// Status reason of a stream released because its owner shut down.
+pub const RELEASED_FOR_SHUTDOWN: &str = "OwnerShutdown";
+
 /// How a stream task ended (the worker only logs and counts these).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamEnd {
@@ -92,11 +98,10 @@ pub async fn run(
         failed: false,
     };
     let mut session = holder.start_session(&record);
-    let mut heartbeat = tokio::time::interval_at(
-        Instant::now() + holder.ctx.settings.heartbeat_interval,
-        holder.ctx.settings.heartbeat_interval,
-    );
+    let heartbeat_every = holder.ctx.settings.heartbeat_interval;
+    let mut heartbeat = tokio::time::interval_at(Instant::now() + heartbeat_every, heartbeat_every);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_renewal = Instant::now();
 
     loop {
         let session_done = async {
@@ -105,56 +110,22 @@ pub async fn run(
                 None => std::future::pending().await,
             }
         };
+        // A phase change (connected, backoff, failed) is written by an early
+        // renewal, at most four times per heartbeat interval, so status is fresh
+        // without a write per event.
+        let early = last_renewal.elapsed() >= heartbeat_every / 4;
         tokio::select! {
             _ = heartbeat.tick() => {
-                let sent_at = Instant::now();
-                let checkpoint = holder.shared.acked();
-                let carry = (checkpoint > holder.written_seq).then_some(checkpoint);
-                let status = holder.shared.take_status();
-                // Never wait on DynamoDB past the fence: a renewal that has not
-                // answered by then cannot make the lease safe to keep using.
-                let renewal = tokio::time::timeout_at(
-                    holder.shared.fence.deadline(),
-                    holder.ctx.store.renew(&holder.lease, holder.ctx.settings.lease_duration, carry, status.as_ref()),
-                )
-                .await
-                .unwrap_or_else(|_| Err(crate::lease::StoreError::Unreachable {
-                    endpoint: holder.ctx.store.endpoint().to_string(),
-                    detail: "renewal still pending at the fence deadline".into(),
-                }));
-                match renewal {
-                    Ok(OwnerWrite::Done((lease, current))) => {
-                        holder.ctx.metrics.renewals.get_or_create(&[("result", "ok")]).inc();
-                        holder.shared.fence.confirm(sent_at);
-                        holder.lease = lease;
-                        holder.written_seq = holder.written_seq.max(checkpoint);
-                        if current.desired_state == DesiredState::Stopped {
-                            tracing::info!(stream = %key, "stream is STOPPED; closing and releasing");
-                            return holder.release(session, ReleaseReason::Stopped).await;
-                        }
-                        // A new spec, or a session that ended without a permanent
-                        // failure: (re)start it. A graceful stop flushes first.
-                        if current.generation != holder.started_generation || (session.is_none() && !holder.failed) {
-                            if let Some(old) = session.take() {
-                                holder.stop_session(old).await;
-                            }
-                            session = holder.start_session(&current);
-                        }
-                    }
-                    Ok(OwnerWrite::Lost) => {
-                        holder.ctx.metrics.renewals.get_or_create(&[("result", "lost")]).inc();
-                        holder.ctx.metrics.leases_lost.get_or_create(&[("reason", "taken_or_deleted")]).inc();
-                        tracing::warn!(stream = %key, "lease lost (taken over or deleted); closing the session at once");
-                        holder.abort(session).await;
-                        return StreamEnd::Lost;
-                    }
-                    Err(e) => {
-                        holder.ctx.metrics.renewals.get_or_create(&[("result", "error")]).inc();
-                        if status.is_some() {
-                            holder.shared.status_unwritten();
-                        }
-                        tracing::warn!(stream = %key, error = %e, "renewal failed; the fence closes if none succeeds in time");
-                    }
+                last_renewal = Instant::now();
+                if let Some(end) = holder.heartbeat(&mut session).await {
+                    return end;
+                }
+            }
+            _ = holder.shared.phase_changed(), if early => {
+                last_renewal = Instant::now();
+                heartbeat.reset();
+                if let Some(end) = holder.heartbeat(&mut session).await {
+                    return end;
                 }
             }
             _ = sleep_until(holder.shared.fence.deadline()) => {
@@ -209,6 +180,91 @@ struct Holder {
 }
 
 impl Holder {
+    /// One renewal, carrying the checkpoint and any status change. Returns how
+    /// the stream ends if the renewal says it must (lost, STOPPED).
+    async fn heartbeat(&mut self, session: &mut Option<RunningSession>) -> Option<StreamEnd> {
+        let key = self.lease.key.clone();
+        let sent_at = Instant::now();
+        let checkpoint = self.shared.acked();
+        let carry = (checkpoint > self.written_seq).then_some(checkpoint);
+        let status = self.shared.take_status();
+        // Never wait on DynamoDB past the fence: a renewal that has not answered
+        // by then cannot make the lease safe to keep using.
+        let renewal = tokio::time::timeout_at(
+            self.shared.fence.deadline(),
+            self.ctx.store.renew(
+                &self.lease,
+                self.ctx.settings.lease_duration,
+                carry,
+                status.as_ref(),
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(crate::lease::StoreError::Unreachable {
+                endpoint: self.ctx.store.endpoint().to_string(),
+                detail: "renewal still pending at the fence deadline".into(),
+            })
+        });
+        match renewal {
+            Ok(OwnerWrite::Done((lease, current))) => {
+                self.ctx
+                    .metrics
+                    .renewals
+                    .get_or_create(&[("result", "ok")])
+                    .inc();
+                self.shared.fence.confirm(sent_at);
+                self.lease = lease;
+                self.written_seq = self.written_seq.max(checkpoint);
+                if current.desired_state == DesiredState::Stopped {
+                    tracing::info!(stream = %key, "stream is STOPPED; closing and releasing");
+                    return Some(
+                        self.release_ref(session.take(), ReleaseReason::Stopped)
+                            .await,
+                    );
+                }
+                // A new spec, or a session that ended without a permanent
+                // failure: (re)start it. A graceful stop flushes first.
+                if current.generation != self.started_generation
+                    || (session.is_none() && !self.failed)
+                {
+                    if let Some(old) = session.take() {
+                        self.stop_session(old).await;
+                    }
+                    *session = self.start_session(&current);
+                }
+                None
+            }
+            Ok(OwnerWrite::Lost) => {
+                self.ctx
+                    .metrics
+                    .renewals
+                    .get_or_create(&[("result", "lost")])
+                    .inc();
+                self.ctx
+                    .metrics
+                    .leases_lost
+                    .get_or_create(&[("reason", "taken_or_deleted")])
+                    .inc();
+                tracing::warn!(stream = %key, "lease lost (taken over or deleted); closing the session at once");
+                self.abort(session.take()).await;
+                Some(StreamEnd::Lost)
+            }
+            Err(e) => {
+                self.ctx
+                    .metrics
+                    .renewals
+                    .get_or_create(&[("result", "error")])
+                    .inc();
+                if status.is_some() {
+                    self.shared.status_unwritten();
+                }
+                tracing::warn!(stream = %key, error = %e, "renewal failed; the fence closes if none succeeds in time");
+                None
+            }
+        }
+    }
+
     fn start_session(&mut self, record: &StreamRecord) -> Option<RunningSession> {
         self.started_generation = record.generation;
         self.failed = false;
@@ -265,17 +321,27 @@ impl Holder {
     }
 
     async fn release(self, session: Option<RunningSession>, reason: ReleaseReason) -> StreamEnd {
+        self.release_ref(session, reason).await
+    }
+
+    async fn release_ref(
+        &self,
+        session: Option<RunningSession>,
+        reason: ReleaseReason,
+    ) -> StreamEnd {
         if let Some(session) = session {
             self.stop_session(session).await;
         }
         let key: &StreamKey = &self.lease.key;
         let checkpoint = self.shared.acked();
+        let (phase, why) = match reason {
+            ReleaseReason::Stopped => ("Stopped", None),
+            ReleaseReason::Shutdown => ("Pending", Some(RELEASED_FOR_SHUTDOWN)),
+            ReleaseReason::Rebalance => ("Pending", Some(RELEASED_FOR_REBALANCING)),
+        };
         let status = SessionStatus {
-            phase: match reason {
-                ReleaseReason::Stopped => "Stopped",
-                ReleaseReason::Shutdown | ReleaseReason::Rebalance => "Released",
-            }
-            .into(),
+            phase: phase.into(),
+            reason: why.map(Into::into),
             reconnects: self.shared.status().reconnects,
             ..SessionStatus::default()
         };
