@@ -243,6 +243,7 @@ pub async fn worker(
     metrics: Arc<Metrics>,
     args: WorkerArgs,
     secrets: SecretSource,
+    shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let settings = WorkerSettings::from_args(&args).map_err(anyhow::Error::msg)?;
     open.store.check_table().await?;
@@ -273,11 +274,67 @@ pub async fn worker(
     };
     let mut server = std::pin::pin!(server);
     tokio::select! {
-        _ = crate::worker::run(ctx, health, crate::shutdown_signal()) => {}
+        _ = crate::worker::run(ctx, health, shutdown) => {}
         r = &mut server => bail!("metrics server stopped: {r:?}"),
     }
     stop_server.cancel();
     let _ = server.await;
     drop(open);
     Ok(())
+}
+
+/// `tether operator`: the controller and a worker in one process, stopped
+/// together by SIGTERM/SIGINT. Exits non-zero if the CRD is missing or the
+/// controller stops on its own.
+pub async fn operator(
+    store_args: &StoreArgs,
+    metrics: Arc<Metrics>,
+    args: WorkerArgs,
+) -> anyhow::Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot configure a Kubernetes client (run in a pod with a service account, or set KUBECONFIG)")?;
+    crate::controller::check_crd(&client).await?;
+    let open = open_store(store_args, metrics.store.clone()).await?;
+    let instance = args
+        .worker_id
+        .clone()
+        .unwrap_or_else(crate::worker::default_worker_id);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            crate::shutdown_signal().await;
+            shutdown.cancel();
+        }
+    });
+    let ctx = Arc::new(crate::controller::Context::new(
+        client.clone(),
+        open.store.clone(),
+        &instance,
+    ));
+    let mut controller = tokio::spawn(crate::controller::run(
+        ctx,
+        shutdown.clone().cancelled_owned(),
+    ));
+    let worker = worker(
+        open,
+        metrics,
+        args,
+        SecretSource::Kubernetes(client),
+        shutdown.clone().cancelled_owned(),
+    );
+    tokio::pin!(worker);
+    tokio::select! {
+        result = &mut worker => {
+            shutdown.cancel();
+            let _ = controller.await;
+            result
+        }
+        _ = &mut controller => {
+            shutdown.cancel();
+            let _ = worker.await;
+            bail!("the controller stopped unexpectedly")
+        }
+    }
 }

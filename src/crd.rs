@@ -284,6 +284,12 @@ pub struct StreamConnectionStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// The CRD as YAML, exactly as checked in under `crds/` and shipped in the chart.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    use kube::CustomResourceExt;
+    serde_yaml::to_string(&StreamConnection::crd())
+}
+
 /// One problem with a spec, naming the field.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FieldError {
@@ -499,6 +505,20 @@ mod tests {
         assert_eq!(
             StreamConnectionSpec::test("ws://127.0.0.1:9/s?after={last_seq}").validate(),
             Ok(())
+        );
+    }
+}
+
+#[cfg(test)]
+mod drift {
+    /// The checked-in CRD (and so the chart's copy) is exactly what the types generate.
+    #[test]
+    fn checked_in_crd_matches_the_rust_types() {
+        let generated = super::crd_yaml().unwrap();
+        let checked_in = include_str!("../crds/streamconnections.tether.dev.yaml");
+        assert!(
+            generated == checked_in,
+            "crds/ is stale: run `cargo run -- crd > crds/streamconnections.tether.dev.yaml`"
         );
     }
 }

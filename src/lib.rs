@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod controller;
 pub mod crd;
 pub mod demo;
 pub mod embedded;
@@ -54,15 +55,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(args).await,
         Command::Worker(args) => {
             let open = cli::open_store(&cli.store, metrics.store.clone()).await?;
-            cli::worker(
-                open,
-                metrics,
-                args,
-                worker::secrets::SecretSource::Standalone,
-            )
-            .await
+            let secrets = worker::secrets::SecretSource::Standalone;
+            cli::worker(open, metrics, args, secrets, shutdown_signal()).await
         }
-        other => anyhow::bail!("subcommand {other:?} is not available yet"),
+        Command::Operator(args) => cli::operator(&cli.store, metrics, args).await,
+        Command::Crd => {
+            print!("{}", crd::crd_yaml()?);
+            Ok(())
+        }
+        Command::TestUpstream { listen, rate } => {
+            let upstream = testkit::upstream::TestUpstream::start(listen, rate).await?;
+            println!(
+                "test upstream on ws://{}/<stream>?after=<seq>",
+                upstream.addr
+            );
+            shutdown_signal().await;
+            Ok(())
+        }
     }
 }
 

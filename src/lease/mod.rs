@@ -8,7 +8,7 @@
 
 mod dynamo;
 mod error;
-mod retry;
+pub mod retry;
 
 pub use dynamo::{LeaseStore, MEMBER_PARTITION, Member, StoreConfig, TABLE_GSI};
 pub use error::StoreError;

@@ -1,0 +1,339 @@
+//! The Kubernetes controller: mirrors each `StreamConnection` into the lease
+//! table and writes its status back. It never touches lease fields; workers do.
+//!
+//! Per resource: validate → mirror (generation-guarded upsert) → status. On
+//! deletion (finalizer): mark STOPPED, wait (bounded) for the owner to release,
+//! delete the item, remove the finalizer. Every replica may run it: the mirror
+//! is idempotent and monotonic on the resource's generation.
+
+pub mod status;
+
+use crate::crd::{DesiredStateSpec, StreamConnection, StreamConnectionStatus};
+use crate::lease::{LeaseStore, StoreError, StreamKey, now_ms};
+use futures::StreamExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use thiserror::Error;
+use tokio::time::Instant;
+
+/// Finalizer that keeps a resource until its table item is gone.
+pub const FINALIZER: &str = "tether.dev/lease-cleanup";
+/// Field manager of the status written by server-side apply.
+pub const FIELD_MANAGER: &str = "tether-controller";
+/// How often a resource's status is refreshed from the table.
+pub const STATUS_REFRESH: Duration = Duration::from_secs(10);
+/// Progress-only changes (checkpoint, lease expiry) are written at most this often.
+pub const PROGRESS_WRITE_INTERVAL: Duration = Duration::from_secs(60);
+/// How long deletion waits for the owner to release before deleting anyway (the
+/// owner's next renewal then fails and it closes the session).
+pub const RELEASE_WAIT: Duration = Duration::from_secs(30);
+/// Retry delay while waiting for a release.
+const RELEASE_POLL: Duration = Duration::from_secs(1);
+/// First and largest retry delay after an error.
+const ERROR_BACKOFF_FIRST: Duration = Duration::from_secs(2);
+const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("lease table: {0}")]
+    Store(#[from] StoreError),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("waiting for {owner} to release the stream")]
+    WaitingForRelease { owner: String },
+    #[error("resource has no namespace")]
+    NoNamespace,
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+}
+
+impl Error {
+    /// A fixed label for metrics and logs.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Store(e) => e.category(),
+            Self::Kube(_) => "kubernetes_api",
+            Self::WaitingForRelease { .. } => "waiting_for_release",
+            Self::NoNamespace => "no_namespace",
+            Self::Finalizer(_) => "finalizer",
+        }
+    }
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub store: LeaseStore,
+    pub recorder: Recorder,
+    /// Last status write per object, to rate-limit progress-only writes.
+    last_write: Mutex<HashMap<String, Instant>>,
+    /// Consecutive failures per object, for exponential backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(client: Client, store: LeaseStore, instance: &str) -> Self {
+        let reporter = Reporter {
+            controller: "tether".into(),
+            instance: Some(instance.to_string()),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            store,
+            last_write: Mutex::default(),
+            failures: Mutex::default(),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn object_key(obj: &StreamConnection) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+}
+
+/// Reconciles one resource.
+pub async fn reconcile(obj: Arc<StreamConnection>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = obj.namespace().ok_or(Error::NoNamespace)?;
+    let api: Api<StreamConnection> = Api::namespaced(ctx.client.clone(), &namespace);
+    let result = finalizer(&api, FINALIZER, obj, |event| async {
+        match event {
+            Finalizer::Apply(obj) => apply(&obj, &ctx).await,
+            Finalizer::Cleanup(obj) => cleanup(&obj, &ctx).await,
+        }
+    })
+    .await;
+    match result {
+        Ok(action) => Ok(action),
+        Err(
+            kube::runtime::finalizer::Error::ApplyFailed(e)
+            | kube::runtime::finalizer::Error::CleanupFailed(e),
+        ) => Err(e),
+        Err(e) => Err(Error::Finalizer(e.to_string())),
+    }
+}
+
+/// Validate → mirror → status.
+async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
+    let key = StreamKey::new(obj.namespace().unwrap_or_default(), obj.name_any());
+    lock(&ctx.failures).remove(&key.to_string());
+    if let Err(errors) = obj.spec.validate() {
+        let message = errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        let status = status::compute(obj, None, now_ms(), Some(&message));
+        if write_status(obj, ctx, status, true).await? {
+            publish(
+                ctx,
+                obj,
+                EventType::Warning,
+                "InvalidSpec",
+                &message,
+                "Validate",
+            )
+            .await;
+        }
+        // Nothing to retry until the object changes.
+        return Ok(Action::await_change());
+    }
+    let generation = obj.metadata.generation.unwrap_or(1);
+    ctx.store
+        .upsert_desired(&obj.spec.to_desired(key.clone(), generation))
+        .await?;
+    let record = ctx.store.get(&key).await?;
+    let status = status::compute(obj, record.as_ref(), now_ms(), None);
+    let previous = obj.status.clone();
+    let significant = status::significant_change(previous.as_ref(), &status);
+    if write_status(obj, ctx, status.clone(), significant).await? {
+        announce(ctx, obj, previous.as_ref(), &status).await;
+    }
+    Ok(Action::requeue(STATUS_REFRESH))
+}
+
+/// Mark STOPPED, wait for the release (bounded), delete the item.
+async fn cleanup(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
+    let key = StreamKey::new(obj.namespace().unwrap_or_default(), obj.name_any());
+    let Some(record) = ctx.store.get(&key).await? else {
+        return Ok(Action::await_change());
+    };
+    if record.desired_state != crate::lease::DesiredState::Stopped {
+        let mut spec = obj.spec.clone();
+        spec.desired_state = DesiredStateSpec::Stopped;
+        let generation = obj.metadata.generation.unwrap_or(1).max(record.generation);
+        ctx.store
+            .upsert_desired(&spec.to_desired(key.clone(), generation))
+            .await?;
+    }
+    if let Some(owner) = record.live_owner(now_ms()) {
+        let waited = obj
+            .metadata
+            .deletion_timestamp
+            .as_ref()
+            .map(|t| {
+                let since = k8s_openapi::jiff::Timestamp::now().duration_since(t.0);
+                Duration::try_from(since).unwrap_or_default()
+            })
+            .unwrap_or_default();
+        if waited < RELEASE_WAIT {
+            return Err(Error::WaitingForRelease {
+                owner: owner.to_string(),
+            });
+        }
+        tracing::warn!(stream = %key, owner, "owner did not release in time; deleting the item anyway");
+    }
+    ctx.store.delete(&key).await?;
+    lock(&ctx.last_write).remove(&key.to_string());
+    publish(
+        ctx,
+        obj,
+        EventType::Normal,
+        "Deleted",
+        "stream stopped and removed from the lease table",
+        "Cleanup",
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+/// Writes the status by server-side apply if it changed significantly, or if
+/// progress fields are stale. Returns whether it wrote.
+async fn write_status(
+    obj: &StreamConnection,
+    ctx: &Context,
+    status: StreamConnectionStatus,
+    significant: bool,
+) -> Result<bool, Error> {
+    let key = object_key(obj);
+    let stale_progress = obj.status.as_ref() != Some(&status)
+        && lock(&ctx.last_write)
+            .get(&key)
+            .is_none_or(|t| t.elapsed() >= PROGRESS_WRITE_INTERVAL);
+    if !significant && !stale_progress {
+        return Ok(false);
+    }
+    let api: Api<StreamConnection> =
+        Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "StreamConnection",
+        "status": status,
+    });
+    api.patch_status(
+        &obj.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    lock(&ctx.last_write).insert(key, Instant::now());
+    Ok(true)
+}
+
+/// Events for ownership changes and failures.
+async fn announce(
+    ctx: &Context,
+    obj: &StreamConnection,
+    old: Option<&StreamConnectionStatus>,
+    new: &StreamConnectionStatus,
+) {
+    let old_owner = old.and_then(|s| s.owner.clone());
+    if new.owner != old_owner
+        && let Some(owner) = &new.owner
+    {
+        let note = match &old_owner {
+            Some(previous) => format!("owner changed from {previous} to {owner}"),
+            None => format!("acquired by {owner}"),
+        };
+        publish(ctx, obj, EventType::Normal, "Acquired", &note, "Acquire").await;
+    }
+    let old_phase = old.and_then(|s| s.phase.clone());
+    if new.phase.as_deref() == Some("Failed") && old_phase.as_deref() != Some("Failed") {
+        let message = new
+            .conditions
+            .iter()
+            .find(|c| c.type_ == status::READY)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        publish(ctx, obj, EventType::Warning, "Failed", &message, "Connect").await;
+    }
+}
+
+async fn publish(
+    ctx: &Context,
+    obj: &StreamConnection,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+    action: &str,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &obj.object_ref(&())).await {
+        tracing::debug!(error = %e, "could not publish an event");
+    }
+}
+
+/// Requeue after an error: quickly while waiting for a release, with
+/// exponential backoff otherwise.
+pub fn error_policy(obj: Arc<StreamConnection>, error: &Error, ctx: Arc<Context>) -> Action {
+    if let Error::WaitingForRelease { .. } = error {
+        return Action::requeue(RELEASE_POLL);
+    }
+    let key = object_key(&obj);
+    let attempt = {
+        let mut failures = lock(&ctx.failures);
+        let n = failures.entry(key.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let wait =
+        crate::lease::retry::exponential(ERROR_BACKOFF_FIRST, ERROR_BACKOFF_MAX, attempt - 1);
+    tracing::warn!(object = %key, error = %error, category = error.category(), retry_in = ?wait, "reconcile failed");
+    Action::requeue(wait)
+}
+
+/// Checks the CRD is installed and readable; the process should exit if not.
+pub async fn check_crd(client: &Client) -> anyhow::Result<()> {
+    let api: Api<StreamConnection> = Api::all(client.clone());
+    api.list(&ListParams::default().limit(1)).await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot list StreamConnections ({e}): is the CRD installed? `tether crd | kubectl apply -f -` \
+             (or install the Helm chart with crds.enabled=true), and does the service account may list them?"
+        )
+    })?;
+    Ok(())
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(
+    ctx: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let api: Api<StreamConnection> = Api::all(ctx.client.clone());
+    Controller::new(api, watcher::Config::default())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => tracing::debug!(object = %obj, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "reconcile error"),
+            }
+        })
+        .await;
+}

@@ -1,0 +1,280 @@
+//! Controller call sequences against a tower-test mock of the Kubernetes API,
+//! with the real (embedded) DynamoDB-compatible store behind the lease table.
+
+mod support;
+
+use http::{Method, Request, Response};
+use kube::Client;
+use kube::client::Body;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use tether::controller::{Context, FINALIZER, reconcile};
+use tether::crd::{StreamConnection, StreamConnectionSpec};
+use tether::lease::{DesiredState, LeaseStore, StreamKey};
+use tower_test::mock::{Handle, pair};
+
+type ApiHandle = Handle<Request<Body>, Response<Body>>;
+
+fn sc(name: &str, url: &str) -> StreamConnection {
+    let spec: StreamConnectionSpec =
+        serde_json::from_value(json!({"url": url, "sink": {"log": {}}})).unwrap();
+    let mut obj = StreamConnection::new(name, spec);
+    obj.metadata.namespace = Some("ns".into());
+    obj.metadata.generation = Some(3);
+    obj.metadata.uid = Some(format!("uid-{name}"));
+    obj.metadata.resource_version = Some("1".into());
+    obj
+}
+
+fn finalized(mut obj: StreamConnection) -> StreamConnection {
+    obj.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    obj
+}
+
+fn deleting(mut obj: StreamConnection) -> StreamConnection {
+    obj.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    obj
+}
+
+async fn setup() -> (Arc<Context>, ApiHandle, LeaseStore) {
+    let store = support::fresh_store(None).await;
+    let (service, handle) = pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    (
+        Arc::new(Context::new(client, store.clone(), "test-pod")),
+        handle,
+        store,
+    )
+}
+
+/// Takes the next API call, checks method and path, answers `reply`, and
+/// returns the request body as JSON.
+async fn expect(
+    handle: &mut ApiHandle,
+    method: Method,
+    path_prefix: &str,
+    reply: Value,
+) -> (String, Value) {
+    let (request, send) = handle.next_request().await.expect("an API call");
+    assert_eq!(
+        request.method(),
+        method,
+        "{} {}",
+        request.method(),
+        request.uri()
+    );
+    let uri = request.uri().to_string();
+    assert!(
+        uri.starts_with(path_prefix),
+        "expected {path_prefix}…, got {uri}"
+    );
+    let content_type = request
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let bytes = request.into_body().collect_bytes().await.unwrap();
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    send.send_response(
+        Response::builder()
+            .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+            .unwrap(),
+    );
+    (format!("{content_type} {uri}"), body)
+}
+
+const OBJ_PATH: &str = "/apis/tether.dev/v1alpha1/namespaces/ns/streamconnections/";
+
+#[tokio::test]
+async fn a_new_resource_first_gets_the_finalizer_and_nothing_else() {
+    let (ctx, mut handle, store) = setup().await;
+    let obj = sc("fresh", "ws://127.0.0.1:9/x");
+    let server = tokio::spawn(async move {
+        let reply = serde_json::to_value(finalized(sc("fresh", "ws://127.0.0.1:9/x"))).unwrap();
+        let (_, body) = expect(
+            &mut handle,
+            Method::PATCH,
+            &format!("{OBJ_PATH}fresh"),
+            reply,
+        )
+        .await;
+        assert!(
+            body.to_string().contains(FINALIZER),
+            "finalizer patch: {body}"
+        );
+        handle
+    });
+    reconcile(Arc::new(obj), ctx).await.unwrap();
+    let mut handle = server.await.unwrap();
+    let next =
+        tokio::time::timeout(std::time::Duration::from_millis(200), handle.next_request()).await;
+    assert!(!matches!(next, Ok(Some(_))), "no further calls");
+    assert_eq!(
+        store.get(&StreamKey::new("ns", "fresh")).await.unwrap(),
+        None,
+        "not mirrored before the finalizer is on"
+    );
+}
+
+#[tokio::test]
+async fn a_finalized_resource_is_mirrored_and_its_status_applied() {
+    let (ctx, mut handle, store) = setup().await;
+    let obj = finalized(sc("feed", "ws://127.0.0.1:9/x"));
+    let reply = serde_json::to_value(&obj).unwrap();
+    let server = tokio::spawn(async move {
+        let (call, body) = expect(
+            &mut handle,
+            Method::PATCH,
+            &format!("{OBJ_PATH}feed/status"),
+            reply,
+        )
+        .await;
+        assert!(
+            call.starts_with("application/apply-patch+yaml"),
+            "server-side apply: {call}"
+        );
+        assert!(
+            call.contains("fieldManager=tether-controller") && call.contains("force=true"),
+            "{call}"
+        );
+        assert_eq!(body["status"]["phase"], "Pending");
+        assert_eq!(body["status"]["observedGeneration"], 3);
+        let owned = body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Owned")
+            .unwrap();
+        assert_eq!(owned["reason"], "NoOwner");
+    });
+    reconcile(Arc::new(obj), ctx).await.unwrap();
+    server.await.unwrap();
+    let item = store
+        .get(&StreamKey::new("ns", "feed"))
+        .await
+        .unwrap()
+        .expect("mirrored");
+    assert_eq!(
+        (item.desired_state, item.generation, item.lease_owner),
+        (DesiredState::Started, 3, None)
+    );
+}
+
+#[tokio::test]
+async fn an_invalid_spec_gets_a_condition_and_no_table_write() {
+    let (ctx, mut handle, store) = setup().await;
+    let obj = finalized(sc("bad", "http://not-a-websocket/"));
+    let reply = serde_json::to_value(&obj).unwrap();
+    let server = tokio::spawn(async move {
+        let (_, body) = expect(
+            &mut handle,
+            Method::PATCH,
+            &format!("{OBJ_PATH}bad/status"),
+            reply.clone(),
+        )
+        .await;
+        let ready = body["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap()
+            .clone();
+        assert_eq!(
+            (ready["status"].as_str(), ready["reason"].as_str()),
+            (Some("False"), Some("InvalidSpec"))
+        );
+        assert!(ready["message"].as_str().unwrap().contains("spec.url"));
+        // A Warning event says the same.
+        let (_, event) = expect(
+            &mut handle,
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/ns/events",
+            json!({}),
+        )
+        .await;
+        assert_eq!(
+            (event["type"].as_str(), event["reason"].as_str()),
+            (Some("Warning"), Some("InvalidSpec"))
+        );
+    });
+    let action = reconcile(Arc::new(obj), ctx).await.unwrap();
+    server.await.unwrap();
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::await_change(),
+        "waits for a change, no hot loop"
+    );
+    assert_eq!(store.get(&StreamKey::new("ns", "bad")).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn deletion_stops_the_stream_removes_the_item_then_the_finalizer() {
+    let (ctx, mut handle, store) = setup().await;
+    let obj = deleting(finalized(sc("gone", "ws://127.0.0.1:9/x")));
+    let key = StreamKey::new("ns", "gone");
+    store
+        .upsert_desired(&obj.spec.to_desired(key.clone(), 3))
+        .await
+        .unwrap();
+    let reply = serde_json::to_value(sc("gone", "ws://127.0.0.1:9/x")).unwrap();
+    let server = tokio::spawn(async move {
+        let (_, event) = expect(
+            &mut handle,
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/ns/events",
+            json!({}),
+        )
+        .await;
+        assert_eq!(event["reason"], "Deleted");
+        let (_, body) = expect(
+            &mut handle,
+            Method::PATCH,
+            &format!("{OBJ_PATH}gone"),
+            reply,
+        )
+        .await;
+        assert!(
+            body.to_string().contains("remove"),
+            "finalizer removal: {body}"
+        );
+    });
+    reconcile(Arc::new(obj), ctx).await.unwrap();
+    server.await.unwrap();
+    assert_eq!(store.get(&key).await.unwrap(), None, "item deleted");
+}
+
+#[tokio::test]
+async fn deletion_waits_while_a_worker_still_holds_the_lease() {
+    let (ctx, handle, store) = setup().await;
+    let obj = deleting(finalized(sc("held", "ws://127.0.0.1:9/x")));
+    let key = StreamKey::new("ns", "held");
+    store
+        .upsert_desired(&obj.spec.to_desired(key.clone(), 3))
+        .await
+        .unwrap();
+    let record = store.get(&key).await.unwrap().unwrap();
+    store
+        .acquire(&record, "w1", std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    let err = reconcile(Arc::new(obj), ctx).await.unwrap_err();
+    assert!(
+        matches!(err, tether::controller::Error::WaitingForRelease { ref owner } if owner == "w1"),
+        "{err}"
+    );
+    let item = store.get(&key).await.unwrap().expect("kept until released");
+    assert_eq!(
+        item.desired_state,
+        DesiredState::Stopped,
+        "the owner is told to stop"
+    );
+    assert_eq!(
+        item.lease_owner.as_deref(),
+        Some("w1"),
+        "the mirror never touches the lease"
+    );
+    drop(handle);
+}
