@@ -312,6 +312,7 @@ pub async fn operator(
         client.clone(),
         open.store.clone(),
         &instance,
+        args.status_refresh,
     ));
     let mut controller = tokio::spawn(crate::controller::run(
         ctx,
@@ -332,9 +333,14 @@ pub async fn operator(
             result
         }
         _ = &mut controller => {
+            // Finishing after SIGTERM is the plan; finishing before it is not.
+            let unexpected = !shutdown.is_cancelled();
             shutdown.cancel();
-            let _ = worker.await;
-            bail!("the controller stopped unexpectedly")
+            let result = worker.await;
+            if unexpected {
+                bail!("the controller stopped unexpectedly");
+            }
+            result
         }
     }
 }

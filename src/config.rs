@@ -209,6 +209,10 @@ pub struct WorkerArgs {
     /// Disable fair-share rebalancing (streams then stay where they were acquired).
     #[arg(long, env = "TETHER_NO_REBALANCE")]
     pub no_rebalance: bool,
+
+    /// `tether operator` only: how often each resource's status is refreshed from the table.
+    #[arg(long, env = "TETHER_STATUS_REFRESH", default_value = "10s", value_parser = parse_duration)]
+    pub status_refresh: Duration,
 }
 
 /// Parses `250ms`, `5s`, `2m`, `1h` (or a bare number of seconds).

@@ -43,7 +43,12 @@ async fn setup() -> (Arc<Context>, ApiHandle, LeaseStore) {
     let (service, handle) = pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
     (
-        Arc::new(Context::new(client, store.clone(), "test-pod")),
+        Arc::new(Context::new(
+            client,
+            store.clone(),
+            "test-pod",
+            std::time::Duration::from_secs(10),
+        )),
         handle,
         store,
     )

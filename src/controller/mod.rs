@@ -27,8 +27,6 @@ use tokio::time::Instant;
 pub const FINALIZER: &str = "tether.dev/lease-cleanup";
 /// Field manager of the status written by server-side apply.
 pub const FIELD_MANAGER: &str = "tether-controller";
-/// How often a resource's status is refreshed from the table.
-pub const STATUS_REFRESH: Duration = Duration::from_secs(10);
 /// Progress-only changes (checkpoint, lease expiry) are written at most this often.
 pub const PROGRESS_WRITE_INTERVAL: Duration = Duration::from_secs(60);
 /// How long deletion waits for the owner to release before deleting anyway (the
@@ -72,6 +70,8 @@ pub struct Context {
     pub client: Client,
     pub store: LeaseStore,
     pub recorder: Recorder,
+    /// How often each resource's status is refreshed from the table.
+    pub status_refresh: Duration,
     /// Last status write per object, to rate-limit progress-only writes.
     last_write: Mutex<HashMap<String, Instant>>,
     /// Consecutive failures per object, for exponential backoff.
@@ -79,7 +79,12 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(client: Client, store: LeaseStore, instance: &str) -> Self {
+    pub fn new(
+        client: Client,
+        store: LeaseStore,
+        instance: &str,
+        status_refresh: Duration,
+    ) -> Self {
         let reporter = Reporter {
             controller: "tether".into(),
             instance: Some(instance.to_string()),
@@ -88,6 +93,7 @@ impl Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             store,
+            status_refresh,
             last_write: Mutex::default(),
             failures: Mutex::default(),
         }
@@ -159,7 +165,7 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
     if write_status(obj, ctx, status.clone(), significant).await? {
         announce(ctx, obj, previous.as_ref(), &status).await;
     }
-    Ok(Action::requeue(STATUS_REFRESH))
+    Ok(Action::requeue(ctx.status_refresh))
 }
 
 /// Mark STOPPED, wait for the release (bounded), delete the item.

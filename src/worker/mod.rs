@@ -66,6 +66,7 @@ impl WorkerSettings {
             drain_timeout,
             allow_hosts: _,
             no_rebalance,
+            status_refresh: _,
         } = args;
         if heartbeat_interval.is_zero() || reconcile_interval.is_zero() {
             return Err("--heartbeat-interval and --reconcile-interval must be positive".into());

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""A Kubernetes API emulator for tether's controller tests, built on kmock.
+
+kmock's KubernetesEmulator keeps objects in memory and serves list, watch,
+create, patch and delete over a real HTTP port. It merges every patch as a plain
+dict and keeps no resourceVersion, generation, uid or status subresource, which
+a kube-rs controller relies on. This subclass adds exactly that:
+
+- create: uid, creationTimestamp, generation 1, resourceVersion;
+- patch: JSON Patch (kube's finalizer helper), merge patch and server-side
+  apply bodies (approximated as a JSON merge), each bumping resourceVersion;
+- spec changes bump generation; status changes only through /status.
+
+It prints its base URL on the first line of stdout and serves until killed.
+"""
+
+import asyncio
+import copy
+import datetime
+import itertools
+import uuid
+
+import attrs
+import jsonpatch
+from kmock._internal import apps, enums, k8s
+
+
+def merge(base, patch):
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(base) if isinstance(base, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge(out.get(key), value)
+    return out
+
+
+def api_server_tests(doc, ops):
+    """The API server's JSON Patch treats a missing member as null in `test`
+    (kube's finalizer helper relies on it); python-jsonpatch does not."""
+    kept = []
+    for op in ops:
+        if op.get('op') == 'test' and op.get('value') is None:
+            try:
+                jsonpatch.JsonPointer(op['path']).resolve(doc)
+            except jsonpatch.JsonPointerException:
+                continue  # missing == null: the test passes
+        kept.append(op)
+    return kept
+
+
+@attrs.define(kw_only=True)
+class TetherEmulator(k8s.KubernetesEmulator):
+    _versions: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
+
+    async def _handle(self, request):
+        if request.resource is not None and request.action in (enums.action.CREATE, enums.action.UPDATE):
+            completed = self._complete(request)
+            # kmock's filters look requests up in its own log, by identity.
+            self._requests[:] = [completed if r is request else r for r in self._requests]
+            request = completed
+        return await super()._handle(request)
+
+    def _complete(self, request):
+        version = str(next(self._versions))
+        if request.action == enums.action.CREATE:
+            obj = copy.deepcopy(request.data or {})
+            meta = obj.setdefault('metadata', {})
+            if request.namespace:
+                meta.setdefault('namespace', request.namespace)
+            meta.update(
+                uid=str(uuid.uuid4()),
+                creationTimestamp=datetime.datetime.now(tz=datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ'),
+                generation=1,
+                resourceVersion=version,
+            )
+            return attrs.evolve(request, data=obj)
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return request  # kmock answers 404
+        current = copy.deepcopy(self.objects[key].raw)
+        if isinstance(request.data, list):
+            patched = jsonpatch.apply_patch(current, api_server_tests(current, request.data))
+        else:
+            patched = merge(current, request.data or {})
+        if request.subresource == 'status':
+            patched = {**current, 'status': patched.get('status')}
+        else:
+            patched['status'] = current.get('status')
+            if patched.get('spec') != current.get('spec'):
+                patched['metadata']['generation'] = current['metadata'].get('generation', 1) + 1
+        patched['metadata']['resourceVersion'] = version
+        # kmock merges dicts and replaces lists and scalars: the full object
+        # as the "patch" leaves exactly `patched` stored.
+        return attrs.evolve(request, data=patched)
+
+
+async def main():
+    emulator = TetherEmulator()
+    emulator.resources['tether.dev/v1alpha1/streamconnections'].kind = 'StreamConnection'
+    emulator.resources['events.k8s.io/v1/events'].kind = 'Event'
+    async with emulator, apps.Server(emulator) as server:
+        print(f'http://{server.host}:{server.port}', flush=True)
+        await asyncio.Event().wait()
+
+
+if __name__ == '__main__':
+    asyncio.run(main())
