@@ -270,3 +270,21 @@ metadata: {name: other}
         assert_eq!(errors[0].field, "metadata.name");
     }
 }
+
+#[cfg(test)]
+mod examples {
+    /// Every sample under `examples/` is a valid manifest (the chart CI also
+    /// validates them against the generated CRD's OpenAPI schema).
+    #[test]
+    fn shipped_examples_are_valid() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let (manifests, errors) = super::load(&dir);
+        let errors: Vec<String> = errors
+            .iter()
+            .filter(|e| e.field != "apiVersion") // the Secret in the auth example
+            .map(ToString::to_string)
+            .collect();
+        assert!(errors.is_empty(), "{errors:#?}");
+        assert_eq!(manifests.len(), 3);
+    }
+}
