@@ -3,6 +3,9 @@
 //! delivery, a fault-injecting TCP proxy, and a harness for worker processes.
 //! They listen on loopback only.
 
+pub mod bed;
+pub mod chaos;
+pub mod dynamo_proxy;
 pub mod fleet;
 pub mod proxy;
 pub mod sink;

@@ -78,6 +78,9 @@ struct SinkState {
     failing: AtomicBool,
     reject_stale: AtomicBool,
     requests: AtomicU64,
+    /// Count messages only (for throughput runs, where recording would be the bottleneck).
+    count_only: AtomicBool,
+    messages: AtomicU64,
 }
 
 /// A running recording sink; stops when dropped.
@@ -121,6 +124,16 @@ impl RecordingSink {
         self.state.reject_stale.store(reject, Ordering::SeqCst);
     }
 
+    /// Count messages without recording them.
+    pub fn set_count_only(&self, on: bool) {
+        self.state.count_only.store(on, Ordering::SeqCst);
+    }
+
+    /// Messages accepted so far (in every mode).
+    pub fn messages(&self) -> u64 {
+        self.state.messages.load(Ordering::SeqCst)
+    }
+
     pub fn requests(&self) -> u64 {
         self.state.requests.load(Ordering::SeqCst)
     }
@@ -157,6 +170,12 @@ async fn receive(State(state): State<Arc<SinkState>>, body: axum::body::Bytes) -
     let Ok(payload) = serde_json::from_slice::<Payload>(&body) else {
         return StatusCode::BAD_REQUEST;
     };
+    state
+        .messages
+        .fetch_add(payload.messages.len() as u64, Ordering::SeqCst);
+    if state.count_only.load(Ordering::SeqCst) {
+        return StatusCode::OK;
+    }
     let mut streams = lock(&state.streams);
     let log = streams.entry(payload.connection).or_default();
     if payload.token < log.max_token {

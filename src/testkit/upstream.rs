@@ -68,12 +68,13 @@ impl Drop for TestUpstream {
 }
 
 impl TestUpstream {
-    /// Starts on `listen` emitting `rate` messages per second per session.
+    /// Starts on `listen` emitting `rate` messages per second per session
+    /// (`0`: idle sessions that only exchange pings).
     pub async fn start(listen: SocketAddr, rate: u32) -> std::io::Result<Self> {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State::default());
-        let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+        let period = (rate > 0).then(|| Duration::from_secs_f64(1.0 / f64::from(rate)));
         let task = tokio::spawn({
             let state = state.clone();
             async move {
@@ -156,7 +157,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-async fn serve(socket: TcpStream, state: Arc<State>, period: Duration) {
+async fn serve(socket: TcpStream, state: Arc<State>, period: Option<Duration>) {
     let mut target: Option<(String, u64)> = None;
     let behaviors = state.behaviors.clone_inner();
     // tungstenite's callback signature fixes the error type.
@@ -203,7 +204,11 @@ async fn serve(socket: TcpStream, state: Arc<State>, period: Duration) {
         sessions.len() - 1
     };
     let mut seq = after;
-    let mut tick = interval(period);
+    // Idle sessions tick once a day: effectively never.
+    let mut tick = interval(period.unwrap_or(Duration::from_secs(86_400)));
+    if period.is_none() {
+        tick.tick().await;
+    }
     let mut ping = interval(PING_INTERVAL);
     let mut last_heard = Instant::now();
     match behavior {
