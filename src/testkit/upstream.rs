@@ -17,10 +17,15 @@ use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, 
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
 
-/// How often the upstream pings clients.
+/// How often the upstream pings clients. Short, so a paused client is dropped
+/// well within a test's lease, as a real feed's keepalive would.
 const PING_INTERVAL: Duration = Duration::from_secs(1);
 /// A client silent this long is dropped (it is dead or paused).
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Idle sessions (rate 0, for memory benchmarks) ping like a typical production
+/// feed instead, so ten thousand of them are not a ping flood.
+const IDLE_PING_INTERVAL: Duration = Duration::from_secs(15);
+const IDLE_CLIENT_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// Misbehaviour to inject for one stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -209,7 +214,11 @@ async fn serve(socket: TcpStream, state: Arc<State>, period: Option<Duration>) {
     if period.is_none() {
         tick.tick().await;
     }
-    let mut ping = interval(PING_INTERVAL);
+    let (ping_every, client_timeout) = match period {
+        Some(_) => (PING_INTERVAL, CLIENT_TIMEOUT),
+        None => (IDLE_PING_INTERVAL, IDLE_CLIENT_TIMEOUT),
+    };
+    let mut ping = interval(ping_every);
     let mut last_heard = Instant::now();
     match behavior {
         Behavior::Malformed => {
@@ -241,7 +250,7 @@ async fn serve(socket: TcpStream, state: Arc<State>, period: Option<Duration>) {
                 s.last_sent = seq;
             }
             _ = ping.tick() => {
-                if last_heard.elapsed() > CLIENT_TIMEOUT {
+                if last_heard.elapsed() > client_timeout {
                     break;
                 }
                 if !matches!(tokio::time::timeout(CLIENT_TIMEOUT, ws.send(Message::Ping(Vec::new().into()))).await, Ok(Ok(()))) {

@@ -8,6 +8,7 @@ pub mod rebalance;
 pub mod secrets;
 pub mod session;
 pub mod stream;
+pub mod transport;
 
 use crate::config::WorkerArgs;
 use crate::http::Health;

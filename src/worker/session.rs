@@ -9,6 +9,7 @@
 use super::fence::Fence;
 use super::policy::{HostPolicy, PolicyError};
 use super::secrets::SecretSource;
+use super::transport::Transport;
 use crate::crd::StreamConnectionSpec;
 use crate::lease::RetryPolicy;
 use crate::lease::{SessionStatus, StreamKey, now_ms};
@@ -21,12 +22,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{self, Message as WsMessage};
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 use tokio_util::sync::CancellationToken;
 use url::Url;
 
@@ -52,7 +53,7 @@ pub const SINK_BACKOFF: RetryPolicy = RetryPolicy {
 /// A session that lasted this long resets the reconnect backoff.
 const STABLE_SESSION: Duration = Duration::from_secs(30);
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+type Ws = WebSocketStream<Transport>;
 
 /// State shared between a session and the task that holds its lease.
 #[derive(Debug)]
@@ -259,7 +260,8 @@ pub async fn run(
         let checkpoint = shared.acked();
         shared.update_status(|s| s.phase = "Connecting".into());
         let connected = tokio::select! {
-            r = timeout(CONNECT_TIMEOUT, connect(&cfg, &deps, checkpoint)) => r.unwrap_or(Err(ConnectError::Timeout)),
+            // Boxed: TLS and handshake state is large and only needed while connecting.
+            r = timeout(CONNECT_TIMEOUT, Box::pin(connect(&cfg, &deps, checkpoint))) => r.unwrap_or(Err(ConnectError::Timeout)),
             _ = ctl.abort.cancelled() => return SessionEnd::Aborted,
             _ = ctl.stop.cancelled() => return SessionEnd::Stopped,
         };
@@ -396,9 +398,9 @@ async fn connect(
             .connect(name, tcp)
             .await
             .map_err(|e| ConnectError::Tls(format!("TLS handshake with {host} failed: {e}")))?;
-        MaybeTlsStream::Rustls(tls)
+        Transport::Tls(Box::new(tls))
     } else {
-        MaybeTlsStream::Plain(tcp)
+        Transport::Plain(tcp)
     };
     let (ws, _response) =
         tokio_tungstenite::client_async_with_config(request, stream, Some(config))
@@ -464,15 +466,15 @@ async fn pump(
         tokio::select! {
             biased;
             _ = ctl.abort.cancelled() => {
-                close(&mut ws, CloseCode::Away).await;
+                Box::pin(close(&mut ws, CloseCode::Away)).await;
                 return PumpEnd::Aborted;
             }
             _ = ctl.stop.cancelled() => {
-                if let Err(end) = deliver(&mut batch, cfg, shared, deps, sink, ctl).await {
-                    close(&mut ws, CloseCode::Away).await;
+                if let Err(end) = Box::pin(deliver(&mut batch, cfg, shared, deps, sink, ctl)).await {
+                    Box::pin(close(&mut ws, CloseCode::Away)).await;
                     return end;
                 }
-                close(&mut ws, CloseCode::Normal).await;
+                Box::pin(close(&mut ws, CloseCode::Normal)).await;
                 return PumpEnd::Stopped;
             }
             _ = linger_elapsed => flush_now = true,
@@ -538,8 +540,8 @@ async fn pump(
         // Deliver what was read before reacting to a disconnect: it is already in
         // hand, and delivering it saves a replay.
         if (flush_now || ended.is_some()) && !batch.is_empty() {
-            if let Err(end) = deliver(&mut batch, cfg, shared, deps, sink, ctl).await {
-                close(&mut ws, CloseCode::Away).await;
+            if let Err(end) = Box::pin(deliver(&mut batch, cfg, shared, deps, sink, ctl)).await {
+                Box::pin(close(&mut ws, CloseCode::Away)).await;
                 return end;
             }
             flush_at = None;
@@ -547,7 +549,7 @@ async fn pump(
             last_heard = Instant::now();
         }
         if let Some(end) = ended {
-            close(&mut ws, CloseCode::Away).await;
+            Box::pin(close(&mut ws, CloseCode::Away)).await;
             return end;
         }
     }
@@ -583,7 +585,8 @@ async fn deliver(
         };
         let sent = Instant::now();
         let result = tokio::select! {
-            r = sink.deliver(&payload) => r,
+            // Boxed: the HTTP client's future only lives during a delivery.
+            r = Box::pin(sink.deliver(&payload)) => r,
             _ = ctl.abort.cancelled() => return Err(PumpEnd::Aborted),
         };
         deps.metrics
