@@ -208,7 +208,13 @@ pub struct WorkerArgs {
     )]
     pub allow_hosts: Vec<String>,
 
-    /// Disable fair-share rebalancing (streams then stay where they were acquired).
+    /// Extra CA certificates (PEM) trusted for `wss://` upstreams, in addition to
+    /// the Mozilla roots. Verification itself cannot be turned off.
+    #[arg(long, env = "TETHER_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+
+    /// Disable fair share: acquire greedily and never hand streams over (streams
+    /// then stay where they were acquired, as in the seed design).
     #[arg(long, env = "TETHER_NO_REBALANCE")]
     pub no_rebalance: bool,
 

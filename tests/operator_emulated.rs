@@ -4,6 +4,8 @@
 
 mod support;
 
+use support::eventually_or;
+
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -63,25 +65,6 @@ fn kubeconfig(dir: &std::path::Path, server: &str) -> std::path::PathBuf {
     path
 }
 
-async fn wait_for<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting until {what}; operator log:\n{}",
-            LOG_PATH
-                .get()
-                .and_then(|p| std::fs::read_to_string(p).ok())
-                .unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 async fn get(http: &reqwest::Client, url: &str) -> Option<Value> {
     let resp = http.get(url).send().await.ok()?;
     if resp.status() == 404 {
@@ -99,8 +82,6 @@ async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let log = std::fs::File::create(dir.path().join("operator.log")).unwrap();
-    // Read by wait_for to explain a timeout (one operator per test binary run).
-    set_log_path(&dir.path().join("operator.log"));
     let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_tether"))
         .args(["--table", store.table(), "operator", "--worker-id", "op-1"])
         .args([
@@ -154,13 +135,14 @@ async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
         || std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
 
     // Created → mirrored, connected once, status shows owner and phase Connected.
-    wait_for(
+    eventually_or(
         Duration::from_secs(30),
         "status shows Connected and the owner",
         || async {
             let obj = get(&http, &object_url).await.unwrap_or_default();
             obj["status"]["phase"] == "Connected" && obj["status"]["owner"] == "op-1"
         },
+        diagnostics,
     )
     .await;
     let item = store
@@ -194,13 +176,14 @@ async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
         .await
         .unwrap();
     assert!(patched.status().is_success());
-    wait_for(
+    eventually_or(
         Duration::from_secs(30),
         "the session closes and status says Stopped",
         || async {
             let obj = get(&http, &object_url).await.unwrap_or_default();
             !upstream.open_sessions().contains_key("live") && obj["status"]["phase"] == "Stopped"
         },
+        diagnostics,
     )
     .await;
     assert_eq!(
@@ -216,23 +199,30 @@ async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
         .send()
         .await
         .unwrap();
-    wait_for(Duration::from_secs(30), "reconnected", || async {
-        upstream.open_sessions().get("live") == Some(&1)
-    })
+    eventually_or(
+        Duration::from_secs(30),
+        "reconnected",
+        || async { upstream.open_sessions().get("live") == Some(&1) },
+        diagnostics,
+    )
     .await;
     let deleted = http.delete(&object_url).send().await.unwrap();
     assert!(deleted.status().is_success());
-    wait_for(
+    eventually_or(
         Duration::from_secs(30),
         "the object and its item are gone",
         || async {
             get(&http, &object_url).await.is_none() && store.get(&key).await.unwrap().is_none()
         },
+        diagnostics,
     )
     .await;
-    wait_for(Duration::from_secs(10), "the session is closed", || async {
-        !upstream.open_sessions().contains_key("live")
-    })
+    eventually_or(
+        Duration::from_secs(10),
+        "the session is closed",
+        || async { !upstream.open_sessions().contains_key("live") },
+        diagnostics,
+    )
     .await;
     assert!(upstream.overlaps().is_empty());
 
@@ -290,8 +280,137 @@ fn start_emulator_without_crd() -> Emulator {
     }
 }
 
-fn set_log_path(path: &std::path::Path) {
-    LOG_PATH.set(path.to_path_buf()).ok();
-}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_secrets_are_read_at_connect_time_and_never_stored_or_logged() {
+    let emulator = start_emulator();
+    let store = support::fresh_store(None).await;
+    let upstream = TestUpstream::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("operator.log");
+    let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args(["--table", store.table(), "operator", "--worker-id", "op-s"])
+        .args([
+            "--lease-duration",
+            "3s",
+            "--heartbeat-interval",
+            "500ms",
+            "--reconcile-interval",
+            "200ms",
+        ])
+        .args([
+            "--max-clock-skew",
+            "500ms",
+            "--fence-margin",
+            "300ms",
+            "--status-refresh",
+            "500ms",
+        ])
+        .args(["--metrics-addr", &free_port().unwrap().to_string()])
+        .env("KUBECONFIG", kubeconfig(dir.path(), &emulator.url))
+        .env("AWS_ENDPOINT_URL_DYNAMODB", support::endpoint().0)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "x")
+        .env("AWS_SECRET_ACCESS_KEY", "x")
+        .env(
+            "RUST_LOG",
+            "debug,aws_config=error,aws_smithy_runtime=info,hyper=info,kube=info",
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&log_path).unwrap()))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::new();
+    let diagnostics = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let manifest = |name: &str| {
+        json!({
+            "apiVersion": "tether.dev/v1alpha1",
+            "kind": "StreamConnection",
+            "metadata": {"name": name, "namespace": "feeds"},
+            "spec": {
+                "url": upstream.url(name),
+                "sink": {"log": {}},
+                "headers": [{"name": "Authorization", "valueFrom": {"secretKeyRef": {"name": "upstream-token", "key": "token"}}}],
+            },
+        })
+    };
+    // The Secret does not exist yet: the stream says why and retries.
+    http.post(format!("{}{PATH}", emulator.url))
+        .json(&manifest("secured"))
+        .send()
+        .await
+        .unwrap();
+    let object_url = format!("{}{PATH}/secured", emulator.url);
+    eventually_or(
+        Duration::from_secs(30),
+        "the status names the missing Secret",
+        || async {
+            let obj = get(&http, &object_url).await.unwrap_or_default();
+            let ready = obj["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            ready.iter().any(|c| {
+                c["type"] == "Ready"
+                    && c["reason"] == "HeaderUnavailable"
+                    && c["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("upstream-token"))
+            })
+        },
+        diagnostics,
+    )
+    .await;
+    assert!(
+        upstream.sessions_of("secured").is_empty(),
+        "never dialled without its header"
+    );
 
-static LOG_PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    // Created: the next connect reads it.
+    let secret_value = "Bearer s3cr3t-value-42";
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "upstream-token", "namespace": "feeds"},
+        "data": {"token": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, secret_value)},
+    });
+    let created = http
+        .post(format!("{}/api/v1/namespaces/feeds/secrets", emulator.url))
+        .json(&secret)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        created.status().is_success(),
+        "{}",
+        created.text().await.unwrap()
+    );
+    eventually_or(
+        Duration::from_secs(30),
+        "connected with the header",
+        || async {
+            upstream
+                .sessions_of("secured")
+                .iter()
+                .any(|s| s.authorization.as_deref() == Some(secret_value))
+        },
+        diagnostics,
+    )
+    .await;
+    // Never copied into the table, never logged (not even at debug level).
+    let item = store
+        .get(&StreamKey::new("feeds", "secured"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !format!("{item:?}").contains("s3cr3t"),
+        "secret value in the lease table: {item:?}"
+    );
+    assert!(
+        !diagnostics().contains("s3cr3t"),
+        "secret value in the logs"
+    );
+    let _ = operator.start_kill();
+}

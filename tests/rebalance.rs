@@ -3,6 +3,8 @@
 
 mod support;
 
+use support::eventually;
+
 use nix::sys::signal::Signal;
 use serde_json::json;
 use std::collections::HashMap;
@@ -27,21 +29,6 @@ async fn load(store: &tether::lease::LeaseStore) -> HashMap<String, usize> {
         }
     }
     load
-}
-
-async fn wait_for<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,7 +71,7 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
                 && open.values().all(|n| *n == 1)
         }
     };
-    wait_for(
+    eventually(
         Duration::from_secs(30),
         "two workers hold 15 ± 1 each",
         || balanced(15, 2),
@@ -92,7 +79,7 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
     .await;
 
     let mut c = fleet.spawn("c").unwrap();
-    wait_for(
+    eventually(
         Duration::from_secs(30),
         "three workers hold 10 ± 1 each",
         || balanced(10, 3),
@@ -111,7 +98,7 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
 
     c.signal(Signal::SIGTERM).unwrap();
     assert!(c.wait(Duration::from_secs(10)).await.unwrap().success());
-    wait_for(
+    eventually(
         Duration::from_secs(30),
         "the remaining two share the streams",
         || balanced(15, 2),
@@ -150,7 +137,7 @@ async fn metrics_parse_as_prometheus_text_with_the_documented_names_and_types() 
         .await
         .unwrap();
     let worker = fleet.spawn("m").unwrap();
-    wait_for(
+    eventually(
         Duration::from_secs(20),
         "the stream is connected",
         || async { upstream.open_sessions().get("m") == Some(&1) },

@@ -4,10 +4,11 @@
 
 mod support;
 
+use support::eventually;
+
 use nix::sys::signal::Signal;
 use serde_json::json;
 use std::collections::HashMap;
-use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 use tether::crd::{LimitsSpec, StreamConnectionSpec};
@@ -132,23 +133,6 @@ impl Bed {
             .iter()
             .map(|n| (n.clone(), self.sink.log(&format!("{NS}/{n}")).max_seq()))
             .collect()
-    }
-}
-
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if check().await {
-            return;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out after {limit:?} waiting until {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -682,5 +666,59 @@ async fn apply_reports_bad_documents_by_file_index_and_field_and_applies_the_res
     assert_eq!(
         store.get(&StreamKey::new("default", "ok")).await.unwrap(),
         None
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_is_verified_by_default_and_a_private_ca_can_be_trusted() {
+    let bed = bed().await;
+    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
+    let tls = TestUpstream::start_tls(loopback(), 20, vec![certified.cert.der().clone()], key)
+        .await
+        .unwrap();
+    let url = format!("wss://{}/secure?after={{last_seq}}", tls.addr);
+    bed.apply("secure", &spec(url, &bed.sink.url()), 1).await;
+
+    // Without the CA: the self-signed certificate is refused, nothing is dialled twice in a row.
+    let strict = bed.fleet.spawn("strict").unwrap();
+    let key_ = StreamKey::new(NS, "secure");
+    eventually(
+        Duration::from_secs(15),
+        "the stream reports a TLS error",
+        || async {
+            let status = bed.store.get(&key_).await.unwrap().and_then(|r| r.status);
+            status.is_some_and(|s| s.reason.as_deref() == Some("TLSError"))
+        },
+    )
+    .await;
+    assert!(
+        tls.sessions().is_empty(),
+        "no WebSocket session over an unverified TLS connection"
+    );
+    drop(strict);
+
+    // With --ca-file: connected, data flowing, gap-free.
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, certified.cert.pem()).unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await; // the strict worker's lease lapses
+    let _trusting = bed
+        .fleet
+        .spawn_with(
+            "trusting",
+            &bed.fleet.endpoint,
+            &["--ca-file", ca.to_str().unwrap()],
+        )
+        .unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the wss stream delivers",
+        || async { bed.sink.log(&format!("{NS}/secure")).max_seq() > 10 },
+    )
+    .await;
+    assert_eq!(
+        bed.sink.log(&format!("{NS}/secure")).gaps(1),
+        Vec::<u64>::new()
     );
 }

@@ -17,6 +17,7 @@ use tether::lease::{LeaseStore, StreamKey};
 use tether::testkit::bed::{Bed, names, quantile, rss_kib};
 use tether::testkit::chaos::{self, ChaosConfig};
 use tether::testkit::fleet::{FleetConfig, WorkerProcess};
+use tether::testkit::upstream::TestUpstream;
 use tokio::time::Instant;
 
 /// DynamoDB on-demand price per million write request units (us-east-1, since
@@ -88,13 +89,13 @@ impl Profile {
             seed_reconcile: Duration::from_secs(18),
             failover_streams: 20,
             rolling_streams: 12,
-            chaos: Duration::from_secs(40),
+            chaos: Duration::from_secs(30),
             session_steps: vec![1000],
             throughput_sessions: 20,
             throughput_rate: 5000,
             throughput_window: Duration::from_secs(5),
             cost_streams: 20,
-            cost_window: Duration::from_secs(30),
+            cost_window: Duration::from_secs(20),
         }
     }
 
@@ -329,7 +330,7 @@ async fn one_failover(
     tokio::time::sleep(p.heartbeat * 2).await;
     let t0 = Instant::now();
     victim.signal(signal)?;
-    let latencies = new_session_latencies(bed, &names, t0, limit).await?;
+    let latencies = bed.new_session_latencies(&names, t0, limit).await?;
     if signal == Signal::SIGTERM {
         victim.wait(Duration::from_secs(20)).await?;
     }
@@ -340,38 +341,6 @@ async fn one_failover(
     result["sequence_gaps"] = json!(bed.gaps("bench", &names));
     result["streams"] = json!(names.len());
     Ok(result)
-}
-
-/// Per stream: seconds from `since` to the first message of a session opened after it.
-async fn new_session_latencies(
-    bed: &Bed,
-    names: &[String],
-    since: Instant,
-    limit: Duration,
-) -> anyhow::Result<Vec<f64>> {
-    let mut found = std::collections::HashMap::new();
-    let deadline = Instant::now() + limit;
-    while found.len() < names.len() {
-        for s in bed.upstream.sessions() {
-            if s.opened >= since
-                && names.contains(&s.stream)
-                && let Some(first) = s.first_sent
-            {
-                found
-                    .entry(s.stream.clone())
-                    .or_insert((first - since).as_secs_f64());
-            }
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "only {}/{} streams got a new session within {limit:?}",
-                found.len(),
-                names.len()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(found.into_values().collect())
 }
 
 async fn stop_all(workers: &mut [WorkerProcess]) {
@@ -531,21 +500,17 @@ async fn sessions(ctx: &Ctx) -> anyhow::Result<Value> {
     let store = bed
         .table(&format!("bench-mem-{}", rand::random::<u16>()))
         .await?;
-    let fleet = bed.fleet(
-        &store,
-        Duration::from_secs(20),
-        Duration::from_secs(5),
-        Duration::from_millis(500),
-    );
+    let fleet = bed.fleet(&store, p.lease, p.heartbeat, p.tether_reconcile);
     let worker = fleet.spawn_with("mem", &fleet.endpoint, &["--max-connections", "20000"])?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let pid = worker.pid().context("worker pid")?;
     let baseline = rss_kib(pid).context("reading VmRSS")?;
     let mut steps = Vec::new();
     let mut applied = 0;
+    let ws_url = |name: &str| bed.upstream.url(name);
     for &target in &p.session_steps {
         let started = Instant::now();
-        apply_idle(&store, &bed, applied, target).await?;
+        apply_idle(&store, &ws_url, "idle", applied, target).await?;
         applied = target;
         Bed::wait(
             Duration::from_secs(300),
@@ -555,7 +520,7 @@ async fn sessions(ctx: &Ctx) -> anyhow::Result<Value> {
         .await?;
         let connect = started.elapsed();
         // Hold for three heartbeats: every lease renewed at this size.
-        tokio::time::sleep(Duration::from_secs(15)).await;
+        tokio::time::sleep(p.heartbeat * 3).await;
         let rss = rss_kib(pid).context("reading VmRSS")?;
         let metrics = worker.metrics().await.map_err(anyhow::Error::msg)?;
         // `+ 0.0` turns the empty sum's -0.0 into 0.
@@ -579,17 +544,87 @@ async fn sessions(ctx: &Ctx) -> anyhow::Result<Value> {
         }));
     }
     drop(worker);
-    Ok(json!({"scheme": "ws", "steps": steps}))
+    let wss = tls_sessions(ctx, &bed, &store, p.session_steps[0]).await?;
+    Ok(json!({"ws": steps, "wss": wss}))
 }
 
-async fn apply_idle(store: &LeaseStore, bed: &Bed, from: usize, to: usize) -> anyhow::Result<()> {
+/// The same measurement for `wss://`: a TLS upstream with a throwaway
+/// certificate, and a fresh worker that trusts it through `--ca-file`.
+async fn tls_sessions(
+    ctx: &Ctx,
+    bed: &Bed,
+    store: &LeaseStore,
+    target: usize,
+) -> anyhow::Result<Value> {
+    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])?;
+    let ca = ctx.logs.join("bench-ca.pem");
+    std::fs::write(&ca, certified.cert.pem())?;
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
+    let upstream = TestUpstream::start_tls(
+        tether::testkit::bed::loopback(),
+        0,
+        vec![certified.cert.der().clone()],
+        key,
+    )
+    .await?;
+    let p = &ctx.profile;
+    let fleet = bed.fleet(store, p.lease, p.heartbeat, p.tether_reconcile);
+    let ca_arg = ca.to_string_lossy().to_string();
+    let worker = fleet.spawn_with(
+        "mem-tls",
+        &fleet.endpoint,
+        &["--max-connections", "20000", "--ca-file", &ca_arg],
+    )?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pid = worker.pid().context("worker pid")?;
+    let baseline = rss_kib(pid).context("reading VmRSS")?;
+    let started = Instant::now();
+    let addr = upstream.addr;
+    let wss_url = move |name: &str| format!("wss://{addr}/{name}?after={{last_seq}}");
+    apply_idle(store, &wss_url, "tls", 0, target).await?;
+    Bed::wait(
+        Duration::from_secs(300),
+        &format!("{target} idle wss sessions are open"),
+        || async { upstream.open_sessions().len() >= target },
+    )
+    .await?;
+    let connect = started.elapsed();
+    tokio::time::sleep(ctx.profile.heartbeat * 3).await;
+    let rss = rss_kib(pid).context("reading VmRSS")?;
+    let metrics = worker.metrics().await.map_err(anyhow::Error::msg)?;
+    let lost = sum_metric(&metrics, "tether_leases_lost_total") + 0.0;
+    let renew_errors =
+        metric_with(&metrics, "tether_lease_renewals_total", "result=\"error\"") + 0.0;
+    let per = (rss.saturating_sub(baseline)) as f64 / target as f64;
+    println!(
+        "sessions {target:>6} wss RSS {:>7.1} MiB, {per:>5.1} KiB per idle wss:// session; leases lost {lost}, renewal errors {renew_errors}; connected in {}",
+        rss as f64 / 1024.0,
+        secs(connect)
+    );
+    drop(worker);
+    Ok(json!({
+        "sessions": target,
+        "rss_kib": rss,
+        "baseline_rss_kib": baseline,
+        "kib_per_session": (per * 10.0).round() / 10.0,
+        "leases_lost": lost,
+        "renewal_errors": renew_errors,
+        "connect_all_s": connect.as_secs_f64(),
+    }))
+}
+
+async fn apply_idle(
+    store: &LeaseStore,
+    url: &dyn Fn(&str) -> String,
+    prefix: &str,
+    from: usize,
+    to: usize,
+) -> anyhow::Result<()> {
     let specs: Vec<(String, StreamConnectionSpec)> = (from..to)
         .map(|i| {
-            let name = format!("idle-{i:05}");
-            let spec = serde_json::from_value(
-                json!({"url": bed.upstream.url(&name), "sink": {"log": {}}}),
-            )
-            .expect("valid spec");
+            let name = format!("{prefix}-{i:05}");
+            let spec = serde_json::from_value(json!({"url": url(&name), "sink": {"log": {}}}))
+                .expect("valid spec");
             (name, spec)
         })
         .collect();
@@ -870,10 +905,21 @@ fn markdown(r: &Value) -> String {
         ));
     }
     if let Some(s) = res.get("sessions_per_worker") {
-        md.push_str("## Memory per idle ws:// session (one worker)\n\n| sessions | RSS MiB | KiB per session | leases lost | renewal errors | connect all s |\n|---|---|---|---|---|---|\n");
-        for step in s["steps"].as_array().into_iter().flatten() {
+        md.push_str("## Memory per idle session (one worker)\n\n| scheme | sessions | RSS MiB | KiB per session | leases lost | renewal errors | connect all s |\n|---|---|---|---|---|---|---|\n");
+        let wss = s
+            .get("wss")
+            .cloned()
+            .map(|w| vec![("wss", w)])
+            .unwrap_or_default();
+        let rows = s["ws"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| ("ws", v.clone()))
+            .chain(wss);
+        for (scheme, step) in rows {
             md.push_str(&format!(
-                "| {} | {:.1} | {} | {} | {} | {} |\n",
+                "| {scheme} | {} | {:.1} | {} | {} | {} | {} |\n",
                 step["sessions"],
                 step["rss_kib"].as_f64().unwrap_or(0.0) / 1024.0,
                 step["kib_per_session"],

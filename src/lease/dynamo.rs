@@ -530,19 +530,38 @@ impl LeaseStore {
     /// The index is eventually consistent: treat the result as candidates; the
     /// acquire's condition is what decides.
     pub async fn orphans(&self, now_ms: u64) -> Result<Vec<StreamRecord>, StoreError> {
-        let mut records = Vec::new();
+        let items = self
+            .query_by_state(
+                "query_orphans",
+                DesiredState::Started.as_str(),
+                "lease_expires_at_ms < :now",
+                now_ms,
+            )
+            .await?;
+        items.iter().map(|item| self.parse(item)).collect()
+    }
+
+    /// Every item of one `by_state` partition whose expiry satisfies
+    /// `expiry_condition` (against `:now`), across all pages.
+    async fn query_by_state(
+        &self,
+        operation: &'static str,
+        partition: &str,
+        expiry_condition: &str,
+        now_ms: u64,
+    ) -> Result<Vec<HashMap<String, AttributeValue>>, StoreError> {
+        let condition = format!("desired_state = :partition AND {expiry_condition}");
+        let mut items = Vec::new();
         let mut start: Option<HashMap<String, AttributeValue>> = None;
         loop {
             let out = self
-                .call("query_orphans", None, || {
+                .call(operation, None, || {
                     self.client
                         .query()
                         .table_name(&self.table)
                         .index_name(TABLE_GSI)
-                        .key_condition_expression(
-                            "desired_state = :started AND lease_expires_at_ms < :now",
-                        )
-                        .expression_attribute_values(":started", s(DesiredState::Started.as_str()))
+                        .key_condition_expression(&condition)
+                        .expression_attribute_values(":partition", s(partition))
                         .expression_attribute_values(":now", n(now_ms))
                         .set_exclusive_start_key(start.clone())
                         .set_limit(self.page_size)
@@ -550,15 +569,13 @@ impl LeaseStore {
                 })
                 .await?
                 .map_err(|_| self.unexpected_condition("query"))?;
-            for item in out.items() {
-                records.push(self.parse(item)?);
-            }
+            items.extend(out.items().iter().cloned());
             match out.last_evaluated_key() {
                 Some(k) if !k.is_empty() => start = Some(k.clone()),
                 _ => break,
             }
         }
-        Ok(records)
+        Ok(items)
     }
 
     // ---- worker writes ---------------------------------------------------------
@@ -850,45 +867,26 @@ impl LeaseStore {
 
     /// Workers whose membership has not lapsed at `now_ms`.
     pub async fn live_members(&self, now_ms: u64) -> Result<Vec<Member>, StoreError> {
-        let mut members = Vec::new();
-        let mut start: Option<HashMap<String, AttributeValue>> = None;
-        loop {
-            let out = self
-                .call("query_members", None, || {
-                    self.client
-                        .query()
-                        .table_name(&self.table)
-                        .index_name(TABLE_GSI)
-                        .key_condition_expression(
-                            "desired_state = :worker AND lease_expires_at_ms > :now",
-                        )
-                        .expression_attribute_values(":worker", s(MEMBER_PARTITION))
-                        .expression_attribute_values(":now", n(now_ms))
-                        .set_exclusive_start_key(start.clone())
-                        .send()
-                })
-                .await?
-                .map_err(|_| self.unexpected_condition("query"))?;
-            for item in out.items() {
-                let id = item
-                    .get(attr::LEASE_OWNER)
-                    .and_then(|v| v.as_s().ok())
-                    .cloned();
+        let items = self
+            .query_by_state(
+                "query_members",
+                MEMBER_PARTITION,
+                "lease_expires_at_ms > :now",
+                now_ms,
+            )
+            .await?;
+        Ok(items
+            .iter()
+            .filter_map(|item| {
+                let id = item.get(attr::LEASE_OWNER)?.as_s().ok()?.clone();
                 let held = item
                     .get(MEMBER_HELD)
                     .and_then(|v| v.as_n().ok())
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0);
-                if let Some(id) = id {
-                    members.push(Member { id, held });
-                }
-            }
-            match out.last_evaluated_key() {
-                Some(k) if !k.is_empty() => start = Some(k.clone()),
-                _ => break,
-            }
-        }
-        Ok(members)
+                Some(Member { id, held })
+            })
+            .collect())
     }
 
     // ---- control-plane writes ----------------------------------------------------

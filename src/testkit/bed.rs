@@ -149,6 +149,39 @@ impl Bed {
             .sum()
     }
 
+    /// Per stream: seconds from `since` to the first message of a session
+    /// opened after it (how long a failover or handoff took, end to end).
+    pub async fn new_session_latencies(
+        &self,
+        names: &[String],
+        since: tokio::time::Instant,
+        limit: Duration,
+    ) -> anyhow::Result<Vec<f64>> {
+        let mut found = HashMap::new();
+        let deadline = tokio::time::Instant::now() + limit;
+        while found.len() < names.len() {
+            for s in self.upstream.sessions() {
+                if s.opened >= since
+                    && names.contains(&s.stream)
+                    && let Some(first) = s.first_sent
+                {
+                    found
+                        .entry(s.stream.clone())
+                        .or_insert((first - since).as_secs_f64());
+                }
+            }
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "only {}/{} streams got a new session within {limit:?}",
+                    found.len(),
+                    names.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(found.into_values().collect())
+    }
+
     /// Overlapping sessions among `names`.
     pub fn overlaps(&self, names: &[String]) -> usize {
         self.upstream

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, interval};
 use tokio_tungstenite::tungstenite::Message;
@@ -50,6 +50,8 @@ pub struct SessionRecord {
     pub first_sent: Option<Instant>,
     /// Last seq sent on this session.
     pub last_sent: u64,
+    /// The `Authorization` header the client sent, if any (test data only).
+    pub authorization: Option<String>,
 }
 
 #[derive(Default)]
@@ -76,6 +78,36 @@ impl TestUpstream {
     /// Starts on `listen` emitting `rate` messages per second per session
     /// (`0`: idle sessions that only exchange pings).
     pub async fn start(listen: SocketAddr, rate: u32) -> std::io::Result<Self> {
+        Self::start_with(listen, rate, None).await
+    }
+
+    /// Like [`TestUpstream::start`], serving `wss://` with this certificate
+    /// chain and key (DER), for measuring TLS sessions.
+    pub async fn start_tls(
+        listen: SocketAddr,
+        rate: u32,
+        chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+        key: rustls::pki_types::PrivateKeyDer<'static>,
+    ) -> std::io::Result<Self> {
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
+        .map_err(std::io::Error::other)?;
+        Self::start_with(
+            listen,
+            rate,
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+        )
+        .await
+    }
+
+    async fn start_with(
+        listen: SocketAddr,
+        rate: u32,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State::default());
@@ -85,7 +117,19 @@ impl TestUpstream {
             async move {
                 while let Ok((socket, _)) = listener.accept().await {
                     let _ = socket.set_nodelay(true);
-                    tokio::spawn(serve(socket, state.clone(), period));
+                    let state = state.clone();
+                    match tls.clone() {
+                        None => {
+                            tokio::spawn(serve(socket, state, period));
+                        }
+                        Some(acceptor) => {
+                            tokio::spawn(async move {
+                                if let Ok(stream) = acceptor.accept(socket).await {
+                                    serve(stream, state, period).await;
+                                }
+                            });
+                        }
+                    }
                 }
             }
         });
@@ -162,8 +206,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-async fn serve(socket: TcpStream, state: Arc<State>, period: Option<Duration>) {
-    let mut target: Option<(String, u64)> = None;
+async fn serve<S>(socket: S, state: Arc<State>, period: Option<Duration>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut target: Option<(String, u64, Option<String>)> = None;
     let behaviors = state.behaviors.clone_inner();
     // tungstenite's callback signature fixes the error type.
     #[allow(clippy::result_large_err)]
@@ -181,13 +228,18 @@ async fn serve(socket: TcpStream, state: Arc<State>, period: Option<Duration>) {
                 tokio_tungstenite::tungstenite::http::StatusCode::SERVICE_UNAVAILABLE;
             return Err(refuse);
         }
-        target = Some((stream, after));
+        let authorization = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        target = Some((stream, after, authorization));
         Ok(resp)
     };
     let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(socket, callback).await else {
         return;
     };
-    let Some((stream, after)) = target else {
+    let Some((stream, after, authorization)) = target else {
         return;
     };
     let behavior = lock(&state.behaviors)
@@ -205,6 +257,7 @@ async fn serve(socket: TcpStream, state: Arc<State>, period: Option<Duration>) {
             closed: None,
             first_sent: None,
             last_sent: after,
+            authorization,
         });
         sessions.len() - 1
     };

@@ -51,6 +51,8 @@ pub struct WorkerSettings {
     pub max_connections: usize,
     pub drain_timeout: Duration,
     pub rebalance: bool,
+    /// Extra trusted CA certificates for `wss://` upstreams.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl WorkerSettings {
@@ -68,6 +70,7 @@ impl WorkerSettings {
             allow_hosts: _,
             no_rebalance,
             status_refresh: _,
+            ca_file,
         } = args;
         if heartbeat_interval.is_zero() || reconcile_interval.is_zero() {
             return Err("--heartbeat-interval and --reconcile-interval must be positive".into());
@@ -87,6 +90,7 @@ impl WorkerSettings {
             max_connections: *max_connections,
             drain_timeout: *drain_timeout,
             rebalance: !no_rebalance,
+            ca_file: ca_file.clone(),
         })
     }
 }
@@ -130,7 +134,7 @@ impl WorkerCtx {
         Ok(Self {
             session_deps: SessionDeps {
                 policy,
-                tls: session::tls_config()?,
+                tls: session::tls_config(settings.ca_file.as_deref())?,
                 http,
                 metrics: metrics.clone(),
                 secrets,
@@ -282,9 +286,12 @@ async fn reconcile(ctx: &Arc<WorkerCtx>, state: &mut WorkerState) {
     };
     let me = ctx.settings.worker_id.to_string();
     let held = state.held();
+    // Without rebalancing there is no fair share at all: acquire greedily, as
+    // the seed design did (and streams then stay where they land).
     let fair = state
         .fleet
         .as_ref()
+        .filter(|_| ctx.settings.rebalance)
         .map(|f| f.fair_share(&me, held, orphans.len() as u64));
     let interval_ms = ctx.settings.reconcile_interval.as_millis() as u64;
     let mut policy = rebalance::AcquirePolicy {

@@ -409,12 +409,31 @@ async fn connect(
     Ok(ws)
 }
 
-/// The TLS client configuration every session shares: Mozilla's roots (webpki),
-/// certificate verification on, ring as the provider.
-pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
-    let roots = rustls::RootCertStore {
+/// The TLS client configuration every session shares: Mozilla's roots (webpki)
+/// plus any CA certificates in `ca_file`, verification always on, ring as the
+/// provider.
+pub fn tls_config(ca_file: Option<&std::path::Path>) -> Result<Arc<rustls::ClientConfig>, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
+    if let Some(path) = ca_file {
+        let certs = CertificateDer::pem_file_iter(path)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("cannot read --ca-file {}: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "--ca-file {} holds no certificates",
+                path.display()
+            ));
+        }
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| format!("--ca-file {}: {e}", path.display()))?;
+        }
+    }
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))

@@ -443,6 +443,7 @@ mod size_probe {
                         max_connections: 1,
                         drain_timeout: std::time::Duration::from_secs(1),
                         rebalance: true,
+                        ca_file: None,
                     },
                     store.clone(),
                     std::sync::Arc::new(crate::metrics::WorkerMetrics::default()),

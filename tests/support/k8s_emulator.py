@@ -102,6 +102,7 @@ async def main():
     emulator = TetherEmulator()
     emulator.resources['tether.dev/v1alpha1/streamconnections'].kind = 'StreamConnection'
     emulator.resources['events.k8s.io/v1/events'].kind = 'Event'
+    emulator.resources['v1/secrets'].kind = 'Secret'
     async with emulator, apps.Server(emulator) as server:
         print(f'http://{server.host}:{server.port}', flush=True)
         await asyncio.Event().wait()

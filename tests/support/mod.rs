@@ -76,3 +76,34 @@ pub async fn fresh_store(page_size: Option<i32>) -> LeaseStore {
     store.create_table().await.expect("table is created");
     store
 }
+
+/// Polls `check` every 100 ms until it holds; panics after `limit` with `what`
+/// and whatever `explain` returns (e.g. a process log).
+pub async fn eventually_or<F, Fut>(
+    limit: Duration,
+    what: &str,
+    mut check: F,
+    explain: impl Fn() -> String,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting until {what}\n{}",
+            explain()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// [`eventually_or`] without extra explanation.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    eventually_or(limit, what, check, String::new).await
+}
