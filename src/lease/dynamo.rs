@@ -55,12 +55,16 @@ pub const MEMBER_PK_PREFIX: &str = "WORKER#";
 pub const MEMBER_PARTITION: &str = "WORKER";
 /// Attribute of a membership item: streams the worker held at its last heartbeat.
 const MEMBER_HELD: &str = "held_streams";
+/// Attribute of a membership item: when it was last written.
+const MEMBER_HEARTBEAT_AT_MS: &str = "heartbeat_at_ms";
 
 /// A live worker as its membership item describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Member {
     pub id: String,
     pub held: u64,
+    /// When the worker last wrote its item (wall-clock ms).
+    pub heartbeat_at_ms: u64,
 }
 
 /// How an acquire that keeps losing the counter race gives up for this round.
@@ -842,6 +846,7 @@ impl LeaseStore {
                     .item(attr::LEASE_EXPIRES_AT_MS, n(expires))
                     .item(attr::LEASE_OWNER, s(&member.id))
                     .item(MEMBER_HELD, n(member.held))
+                    .item(MEMBER_HEARTBEAT_AT_MS, n(now_ms()))
                     .return_consumed_capacity(ReturnConsumedCapacity::Total)
                     .send()
             })
@@ -884,7 +889,16 @@ impl LeaseStore {
                     .and_then(|v| v.as_n().ok())
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0);
-                Some(Member { id, held })
+                let heartbeat_at_ms = item
+                    .get(MEMBER_HEARTBEAT_AT_MS)
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                Some(Member {
+                    id,
+                    held,
+                    heartbeat_at_ms,
+                })
             })
             .collect())
     }

@@ -241,6 +241,7 @@ async fn refresh_membership(ctx: &WorkerCtx, state: &mut WorkerState) {
     let me = crate::lease::Member {
         id: ctx.settings.worker_id.to_string(),
         held: state.held(),
+        heartbeat_at_ms: now_ms(),
     };
     let result = async {
         ctx.store
@@ -375,7 +376,11 @@ async fn reconcile(ctx: &Arc<WorkerCtx>, state: &mut WorkerState) {
     if let (true, Some(fair), Some(fleet)) = (ctx.settings.rebalance, fair, state.fleet.as_ref()) {
         let cooldown = ctx.settings.heartbeat_interval * 2;
         let cooled = state.last_handoff.is_none_or(|t| t.elapsed() >= cooldown);
-        let count = rebalance::handoff_count(state.held(), fair, fleet.peer_below(&me, fair));
+        // A peer that has not heartbeated for three intervals is probably gone.
+        let fresh_since =
+            now_ms().saturating_sub(3 * ctx.settings.heartbeat_interval.as_millis() as u64);
+        let count =
+            rebalance::handoff_count(state.held(), fair, fleet.peer_below(&me, fair, fresh_since));
         if cooled && count > 0 {
             let mut movable: Vec<&Owned> = state
                 .owned

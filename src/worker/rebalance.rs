@@ -32,9 +32,13 @@ impl FleetView {
             .sum()
     }
 
-    /// Whether some other worker holds fewer than `fair` streams.
-    pub fn peer_below(&self, me: &str, fair: u64) -> bool {
-        self.members.iter().any(|m| m.id != me && m.held < fair)
+    /// Whether some other worker that heartbeated since `fresh_since_ms` holds
+    /// fewer than `fair` streams. A crashed worker's item stays live until it
+    /// lapses; handing streams to it would only interrupt them.
+    pub fn peer_below(&self, me: &str, fair: u64, fresh_since_ms: u64) -> bool {
+        self.members
+            .iter()
+            .any(|m| m.id != me && m.held < fair && m.heartbeat_at_ms >= fresh_since_ms)
     }
 
     /// Fair share given what this worker holds and the orphans it sees.
@@ -68,6 +72,7 @@ mod tests {
                 .map(|(id, held)| Member {
                     id: id.to_string(),
                     held: *held,
+                    heartbeat_at_ms: 1_000,
                 })
                 .collect(),
         }
@@ -78,7 +83,7 @@ mod tests {
         // Two workers with 15 each; a third joins with 0.
         let v = view(&[("a", 15), ("b", 15), ("c", 0)]);
         assert_eq!(v.fair_share("a", 15, 0), 10);
-        assert_eq!(handoff_count(15, 10, v.peer_below("a", 10)), 3);
+        assert_eq!(handoff_count(15, 10, v.peer_below("a", 10, 0)), 3);
         // Next step: 12 → hands 1; then 11 → hands 1; then stable at 10.
         assert_eq!(handoff_count(12, 10, true), 1);
         assert_eq!(handoff_count(11, 10, true), 1);
@@ -90,9 +95,21 @@ mod tests {
         let v = view(&[("a", 11), ("b", 11), ("c", 9)]);
         let fair = v.fair_share("a", 11, 0);
         assert_eq!(fair, 11);
-        assert_eq!(handoff_count(11, fair, v.peer_below("a", fair)), 0);
+        assert_eq!(handoff_count(11, fair, v.peer_below("a", fair, 0)), 0);
         // Even above fair share, nothing moves when no peer could take it.
         assert_eq!(handoff_count(12, 10, false), 0);
+    }
+
+    #[test]
+    fn nothing_is_handed_to_a_worker_that_stopped_heartbeating() {
+        // "c" crashed: its item is still live, but its last heartbeat is old.
+        let mut v = view(&[("a", 12), ("c", 0)]);
+        v.members[1].heartbeat_at_ms = 100;
+        assert!(!v.peer_below("a", 6, 500));
+        assert!(
+            v.peer_below("a", 6, 50),
+            "a fresh peer below its share gets streams"
+        );
     }
 
     #[test]
