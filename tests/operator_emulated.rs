@@ -65,25 +65,16 @@ fn kubeconfig(dir: &std::path::Path, server: &str) -> std::path::PathBuf {
     path
 }
 
-async fn get(http: &reqwest::Client, url: &str) -> Option<Value> {
-    let resp = http.get(url).send().await.ok()?;
-    if resp.status() == 404 {
-        return None;
-    }
-    resp.json().await.ok()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
-    let emulator = start_emulator();
-    let store = support::fresh_store(None).await;
-    let upstream = TestUpstream::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let log = std::fs::File::create(dir.path().join("operator.log")).unwrap();
-    let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_tether"))
-        .args(["--table", store.table(), "operator", "--worker-id", "op-1"])
+/// `tether operator` with the fast test timings, pointed at the emulator and
+/// the embedded store.
+fn operator_command(
+    store: &tether::lease::LeaseStore,
+    id: &str,
+    dir: &std::path::Path,
+    api_server: &str,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tether"));
+    cmd.args(["--table", store.table(), "operator", "--worker-id", id])
         .args([
             "--lease-duration",
             "3s",
@@ -101,11 +92,32 @@ async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
             "500ms",
         ])
         .args(["--metrics-addr", &free_port().unwrap().to_string()])
-        .env("KUBECONFIG", kubeconfig(dir.path(), &emulator.url))
+        .env("KUBECONFIG", kubeconfig(dir, api_server))
         .env("AWS_ENDPOINT_URL_DYNAMODB", support::endpoint().0)
         .env("AWS_REGION", "us-east-1")
         .env("AWS_ACCESS_KEY_ID", "x")
-        .env("AWS_SECRET_ACCESS_KEY", "x")
+        .env("AWS_SECRET_ACCESS_KEY", "x");
+    cmd
+}
+
+async fn get(http: &reqwest::Client, url: &str) -> Option<Value> {
+    let resp = http.get(url).send().await.ok()?;
+    if resp.status() == 404 {
+        return None;
+    }
+    resp.json().await.ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
+    let emulator = start_emulator();
+    let store = support::fresh_store(None).await;
+    let upstream = TestUpstream::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::fs::File::create(dir.path().join("operator.log")).unwrap();
+    let mut operator = operator_command(&store, "op-1", dir.path(), &emulator.url)
         .stdout(Stdio::null())
         .stderr(Stdio::from(log))
         .kill_on_drop(true)
@@ -289,30 +301,7 @@ async fn header_secrets_are_read_at_connect_time_and_never_stored_or_logged() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let log_path = dir.path().join("operator.log");
-    let mut operator = tokio::process::Command::new(env!("CARGO_BIN_EXE_tether"))
-        .args(["--table", store.table(), "operator", "--worker-id", "op-s"])
-        .args([
-            "--lease-duration",
-            "3s",
-            "--heartbeat-interval",
-            "500ms",
-            "--reconcile-interval",
-            "200ms",
-        ])
-        .args([
-            "--max-clock-skew",
-            "500ms",
-            "--fence-margin",
-            "300ms",
-            "--status-refresh",
-            "500ms",
-        ])
-        .args(["--metrics-addr", &free_port().unwrap().to_string()])
-        .env("KUBECONFIG", kubeconfig(dir.path(), &emulator.url))
-        .env("AWS_ENDPOINT_URL_DYNAMODB", support::endpoint().0)
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ACCESS_KEY_ID", "x")
-        .env("AWS_SECRET_ACCESS_KEY", "x")
+    let mut operator = operator_command(&store, "op-s", dir.path(), &emulator.url)
         .env(
             "RUST_LOG",
             "debug,aws_config=error,aws_smithy_runtime=info,hyper=info,kube=info",

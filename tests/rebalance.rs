@@ -12,7 +12,6 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 use tether::crd::StreamConnectionSpec;
 use tether::lease::{StreamKey, now_ms};
-use tether::testkit::fleet::FleetConfig;
 use tether::testkit::sink::RecordingSink;
 use tether::testkit::upstream::TestUpstream;
 
@@ -37,12 +36,7 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
     let upstream = TestUpstream::start(loopback(), 10).await.unwrap();
     let sink = RecordingSink::start(loopback()).await.unwrap();
     let logs = tempfile::tempdir().unwrap();
-    let fleet = FleetConfig::fast(
-        env!("CARGO_BIN_EXE_tether"),
-        support::endpoint().0,
-        store.table(),
-        logs.path(),
-    );
+    let fleet = support::fleet(&store, logs.path());
     let names: Vec<String> = (0..30).map(|i| format!("r{i:02}")).collect();
     for n in &names {
         let spec: StreamConnectionSpec = serde_json::from_value(json!({
@@ -124,12 +118,7 @@ async fn metrics_parse_as_prometheus_text_with_the_documented_names_and_types() 
     let store = support::fresh_store(None).await;
     let upstream = TestUpstream::start(loopback(), 10).await.unwrap();
     let logs = tempfile::tempdir().unwrap();
-    let fleet = FleetConfig::fast(
-        env!("CARGO_BIN_EXE_tether"),
-        support::endpoint().0,
-        store.table(),
-        logs.path(),
-    );
+    let fleet = support::fleet(&store, logs.path());
     let spec: StreamConnectionSpec =
         serde_json::from_value(json!({"url": upstream.url("m"), "sink": {"log": {}}})).unwrap();
     store

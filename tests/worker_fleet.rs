@@ -13,7 +13,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 use tether::crd::{LimitsSpec, StreamConnectionSpec};
 use tether::lease::{DesiredState, LeaseStore, StreamKey, UpsertOutcome, now_ms};
-use tether::testkit::fleet::{FleetConfig, WorkerProcess, metric_value};
+use tether::testkit::fleet::{WorkerProcess, metric_value};
 use tether::testkit::proxy::{FaultProxy, ProxyMode};
 use tether::testkit::sink::RecordingSink;
 use tether::testkit::upstream::{Behavior, TestUpstream};
@@ -28,7 +28,7 @@ struct Bed {
     store: LeaseStore,
     upstream: TestUpstream,
     sink: RecordingSink,
-    fleet: FleetConfig,
+    fleet: tether::testkit::fleet::FleetConfig,
     _logs: tempfile::TempDir,
 }
 
@@ -47,12 +47,7 @@ async fn bed() -> Bed {
     let upstream = TestUpstream::start(loopback(), 20).await.unwrap();
     let sink = RecordingSink::start(loopback()).await.unwrap();
     let logs = tempfile::tempdir().unwrap();
-    let fleet = FleetConfig::fast(
-        env!("CARGO_BIN_EXE_tether"),
-        support::endpoint().0,
-        store.table(),
-        logs.path(),
-    );
+    let fleet = support::fleet(&store, logs.path());
     Bed {
         store,
         upstream,

@@ -107,3 +107,14 @@ where
 {
     eventually_or(limit, what, check, String::new).await
 }
+
+/// Worker-process settings for `store`'s table with the fast test timings
+/// (lease 3 s, heartbeat 0.5 s), logs under `logs`.
+pub fn fleet(store: &LeaseStore, logs: &std::path::Path) -> tether::testkit::fleet::FleetConfig {
+    tether::testkit::fleet::FleetConfig::fast(
+        env!("CARGO_BIN_EXE_tether"),
+        endpoint().0,
+        store.table(),
+        logs,
+    )
+}
