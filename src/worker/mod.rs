@@ -251,7 +251,12 @@ async fn refresh_membership(ctx: &WorkerCtx, state: &mut WorkerState) {
     }
     .await;
     match result {
-        Ok(members) => {
+        Ok(mut members) => {
+            // A crashed worker's item stays live until it lapses (a lease later);
+            // one silent for three heartbeats no longer counts toward fair share.
+            let fresh_since =
+                now_ms().saturating_sub(3 * ctx.settings.heartbeat_interval.as_millis() as u64);
+            members.retain(|m| m.heartbeat_at_ms >= fresh_since);
             let view = rebalance::FleetView { members };
             ctx.metrics
                 .live_workers
