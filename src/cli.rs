@@ -2,7 +2,7 @@
 //! `local-store`), and the store wiring every subcommand shares.
 
 use crate::config::{OutputFormat, StoreArgs, WorkerArgs};
-use crate::embedded::{EMBEDDED_CREDENTIALS, EmbeddedStore};
+use crate::embedded::EmbeddedStore;
 use crate::http::Health;
 use crate::lease::UpsertOutcome;
 use crate::lease::{LeaseStore, RetryPolicy, StoreConfig, StreamKey, StreamRecord, now_ms};
@@ -26,24 +26,23 @@ pub struct OpenStore {
 /// store is started in-process and its table created; otherwise the standard AWS
 /// configuration decides, and nothing is ever started silently.
 pub async fn open_store(args: &StoreArgs, metrics: Arc<StoreMetrics>) -> anyhow::Result<OpenStore> {
-    let mut cfg = StoreConfig::new(&args.table);
-    cfg.retry = RetryPolicy {
-        deadline: args.store_call_deadline,
-        ..RetryPolicy::default()
-    };
     let embedded = match &args.embedded_store {
-        Some(path) => {
-            let server = EmbeddedStore::start(
+        Some(path) => Some(
+            EmbeddedStore::start(
                 Some(path.as_path()),
                 SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
             )
-            .await?;
-            cfg.endpoint = Some(server.endpoint());
-            cfg.static_credentials =
-                Some((EMBEDDED_CREDENTIALS.0.into(), EMBEDDED_CREDENTIALS.1.into()));
-            Some(server)
-        }
+            .await?,
+        ),
         None => None,
+    };
+    let mut cfg = match &embedded {
+        Some(server) => StoreConfig::local(&args.table, server.endpoint()),
+        None => StoreConfig::new(&args.table),
+    };
+    cfg.retry = RetryPolicy {
+        deadline: args.store_call_deadline,
+        ..RetryPolicy::default()
     };
     let store = LeaseStore::connect(cfg, metrics).await?;
     // The embedded store starts empty; give it its table so local use needs no step.

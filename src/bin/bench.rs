@@ -16,7 +16,7 @@ use tether::crd::StreamConnectionSpec;
 use tether::lease::{LeaseStore, StreamKey};
 use tether::testkit::bed::{Bed, names, quantile, rss_kib};
 use tether::testkit::chaos::{self, ChaosConfig};
-use tether::testkit::fleet::{FleetConfig, WorkerProcess};
+use tether::testkit::fleet::{FleetConfig, WorkerProcess, metric_sum};
 use tether::testkit::upstream::TestUpstream;
 use tokio::time::Instant;
 
@@ -524,9 +524,9 @@ async fn sessions(ctx: &Ctx) -> anyhow::Result<Value> {
         let rss = rss_kib(pid).context("reading VmRSS")?;
         let metrics = worker.metrics().await.map_err(anyhow::Error::msg)?;
         // `+ 0.0` turns the empty sum's -0.0 into 0.
-        let lost = sum_metric(&metrics, "tether_leases_lost_total") + 0.0;
+        let lost = metric_sum(&metrics, "tether_leases_lost_total", "") + 0.0;
         let renew_errors =
-            metric_with(&metrics, "tether_lease_renewals_total", "result=\"error\"") + 0.0;
+            metric_sum(&metrics, "tether_lease_renewals_total", "result=\"error\"") + 0.0;
         let per = (rss.saturating_sub(baseline)) as f64 / target as f64;
         println!(
             "sessions {target:>6}     RSS {:>7.1} MiB, {per:>5.1} KiB per idle ws:// session; leases lost {lost}, renewal errors {renew_errors}; connected in {}",
@@ -592,9 +592,9 @@ async fn tls_sessions(
     tokio::time::sleep(ctx.profile.heartbeat * 3).await;
     let rss = rss_kib(pid).context("reading VmRSS")?;
     let metrics = worker.metrics().await.map_err(anyhow::Error::msg)?;
-    let lost = sum_metric(&metrics, "tether_leases_lost_total") + 0.0;
+    let lost = metric_sum(&metrics, "tether_leases_lost_total", "") + 0.0;
     let renew_errors =
-        metric_with(&metrics, "tether_lease_renewals_total", "result=\"error\"") + 0.0;
+        metric_sum(&metrics, "tether_lease_renewals_total", "result=\"error\"") + 0.0;
     let per = (rss.saturating_sub(baseline)) as f64 / target as f64;
     println!(
         "sessions {target:>6} wss RSS {:>7.1} MiB, {per:>5.1} KiB per idle wss:// session; leases lost {lost}, renewal errors {renew_errors}; connected in {}",
@@ -640,24 +640,6 @@ async fn apply_idle(
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
     Ok(())
-}
-
-fn sum_metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| {
-            l.starts_with(name)
-                && (l.as_bytes().get(name.len()) == Some(&b'{')
-                    || l.as_bytes().get(name.len()) == Some(&b' '))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn metric_with(text: &str, name: &str, label: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 // ---- 6: throughput -----------------------------------------------------------------
@@ -820,7 +802,7 @@ async fn total_wru(workers: &[WorkerProcess]) -> anyhow::Result<f64> {
     let mut total = 0.0;
     for w in workers {
         let text = w.metrics().await.map_err(anyhow::Error::msg)?;
-        total += sum_metric(&text, "tether_dynamodb_consumed_write_units_total");
+        total += metric_sum(&text, "tether_dynamodb_consumed_write_units_total", "");
     }
     Ok(total)
 }

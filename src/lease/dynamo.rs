@@ -102,6 +102,18 @@ impl StoreConfig {
             page_size: None,
         }
     }
+
+    /// A DynamoDB-compatible server on this machine (the embedded store,
+    /// dynalite): it checks neither credentials nor region, so fixed ones are used.
+    pub fn local(table: impl Into<String>, endpoint: impl Into<String>) -> Self {
+        let (id, secret) = crate::embedded::EMBEDDED_CREDENTIALS;
+        Self {
+            endpoint: Some(endpoint.into()),
+            region: Some("us-east-1".into()),
+            static_credentials: Some((id.into(), secret.into())),
+            ..Self::new(table)
+        }
+    }
 }
 
 /// The lease store. Cheap to clone; every clone shares one HTTP client.
@@ -490,10 +502,7 @@ impl LeaseStore {
                     .send()
             })
             .await?
-            .map_err(|_| StoreError::Rejected {
-                operation: "get_item",
-                detail: "unexpected condition failure on a read".into(),
-            })?;
+            .map_err(|_| self.unexpected_condition("get_item"))?;
         out.item().map(|item| self.parse(item)).transpose()
     }
 

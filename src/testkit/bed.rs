@@ -6,7 +6,7 @@ use super::fleet::FleetConfig;
 use super::sink::RecordingSink;
 use super::upstream::TestUpstream;
 use crate::crd::StreamConnectionSpec;
-use crate::embedded::{EMBEDDED_CREDENTIALS, EmbeddedStore};
+use crate::embedded::EmbeddedStore;
 use crate::lease::{LeaseStore, StoreConfig, StreamKey, now_ms};
 use crate::metrics::StoreMetrics;
 use std::collections::HashMap;
@@ -43,11 +43,7 @@ impl Bed {
 
     /// A store client on a fresh table.
     pub async fn table(&self, name: &str) -> anyhow::Result<LeaseStore> {
-        let mut cfg = StoreConfig::new(name);
-        cfg.endpoint = Some(self.store_server.endpoint());
-        cfg.region = Some("us-east-1".into());
-        cfg.static_credentials =
-            Some((EMBEDDED_CREDENTIALS.0.into(), EMBEDDED_CREDENTIALS.1.into()));
+        let cfg = StoreConfig::local(name, self.store_server.endpoint());
         let store = LeaseStore::connect(cfg, Arc::new(StoreMetrics::new())).await?;
         store.create_table().await?;
         Ok(store)

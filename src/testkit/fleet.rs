@@ -197,3 +197,18 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
         (n == name).then(|| v.trim().parse().ok()).flatten()
     })
 }
+
+/// Sum of a metric's samples (every label set) whose line contains `label`
+/// (`""` for all), e.g. `metric_sum(text, "tether_lease_renewals_total", "result=\"error\"")`.
+pub fn metric_sum(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            matches!(
+                l.strip_prefix(name).and_then(|rest| rest.chars().next()),
+                Some('{' | ' ')
+            )
+        })
+        .filter(|l| l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

@@ -254,8 +254,7 @@ async fn refresh_membership(ctx: &WorkerCtx, state: &mut WorkerState) {
         Ok(mut members) => {
             // A crashed worker's item stays live until it lapses (a lease later);
             // one silent for three heartbeats no longer counts toward fair share.
-            let fresh_since =
-                now_ms().saturating_sub(3 * ctx.settings.heartbeat_interval.as_millis() as u64);
+            let fresh_since = fresh_since(&ctx.settings);
             members.retain(|m| m.heartbeat_at_ms >= fresh_since);
             let view = rebalance::FleetView { members };
             ctx.metrics
@@ -382,8 +381,7 @@ async fn reconcile(ctx: &Arc<WorkerCtx>, state: &mut WorkerState) {
         let cooldown = ctx.settings.heartbeat_interval * 2;
         let cooled = state.last_handoff.is_none_or(|t| t.elapsed() >= cooldown);
         // A peer that has not heartbeated for three intervals is probably gone.
-        let fresh_since =
-            now_ms().saturating_sub(3 * ctx.settings.heartbeat_interval.as_millis() as u64);
+        let fresh_since = fresh_since(&ctx.settings);
         let count =
             rebalance::handoff_count(state.held(), fair, fleet.peer_below(&me, fair, fresh_since));
         if cooled && count > 0 {
@@ -415,6 +413,18 @@ fn record_takeover(ctx: &WorkerCtx, observed: &crate::lease::StreamRecord) {
         let secs = now.saturating_sub(released) as f64 / 1000.0;
         ctx.metrics.handoff_seconds.observe(secs);
     }
+}
+
+/// Heartbeats a worker may miss before the fleet stops counting on it: its
+/// membership item stays live until it lapses (a lease later), but a worker
+/// silent this long is probably gone.
+const MEMBER_SILENCE_HEARTBEATS: u32 = 3;
+
+/// Membership heartbeats older than this (wall-clock ms) count as silent.
+fn fresh_since(settings: &WorkerSettings) -> u64 {
+    now_ms().saturating_sub(
+        (settings.heartbeat_interval * MEMBER_SILENCE_HEARTBEATS).as_millis() as u64,
+    )
 }
 
 fn jittered(interval: Duration) -> Duration {

@@ -223,10 +223,7 @@ impl Holder {
                 self.written_seq = self.written_seq.max(checkpoint);
                 if current.desired_state == DesiredState::Stopped {
                     tracing::info!(stream = %key, "stream is STOPPED; closing and releasing");
-                    return Some(
-                        self.release_ref(session.take(), ReleaseReason::Stopped)
-                            .await,
-                    );
+                    return Some(self.release(session.take(), ReleaseReason::Stopped).await);
                 }
                 // A new spec, or a session that ended without a permanent
                 // failure: (re)start it. A graceful stop flushes first.
@@ -325,15 +322,7 @@ impl Holder {
         }
     }
 
-    async fn release(self, session: Option<RunningSession>, reason: ReleaseReason) -> StreamEnd {
-        self.release_ref(session, reason).await
-    }
-
-    async fn release_ref(
-        &self,
-        session: Option<RunningSession>,
-        reason: ReleaseReason,
-    ) -> StreamEnd {
+    async fn release(&self, session: Option<RunningSession>, reason: ReleaseReason) -> StreamEnd {
         if let Some(session) = session {
             self.stop_session(session).await;
         }

@@ -8,7 +8,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tether::embedded::{EMBEDDED_CREDENTIALS, EmbeddedStore};
+use tether::embedded::EmbeddedStore;
 use tether::lease::{LeaseStore, RetryPolicy, StoreConfig};
 use tether::metrics::StoreMetrics;
 
@@ -53,10 +53,7 @@ pub fn unique_table(prefix: &str) -> String {
 }
 
 pub fn store_config(table: &str) -> StoreConfig {
-    let mut cfg = StoreConfig::new(table);
-    cfg.endpoint = Some(endpoint().0);
-    cfg.region = Some("us-east-1".into());
-    cfg.static_credentials = Some((EMBEDDED_CREDENTIALS.0.into(), EMBEDDED_CREDENTIALS.1.into()));
+    let mut cfg = StoreConfig::local(table, endpoint().0);
     cfg.retry = RetryPolicy {
         deadline: Duration::from_secs(10),
         ..RetryPolicy::default()
