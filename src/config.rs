@@ -6,18 +6,25 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Default lease duration: how long a crashed owner keeps a stream.
-pub const DEFAULT_LEASE_DURATION: &str = "20s";
-/// Default renewal interval: four chances to renew inside one lease.
-pub const DEFAULT_HEARTBEAT_INTERVAL: &str = "5s";
+/// Default lease: peers declare a worker dead after watching its heartbeat
+/// stand still this long, so crash failover is about this plus one orphan scan
+/// (p99 under 10 s).
+pub const DEFAULT_LEASE_DURATION: &str = "8s";
+/// Default heartbeat: one renewal of the worker item (which also carries the
+/// packed checkpoints) per interval. With the defaults a worker tolerates 3 s
+/// of DynamoDB trouble before fencing (lease − margin − heartbeat), and a
+/// worker holding 10 streams costs about 90 write units per stream-hour.
+pub const DEFAULT_HEARTBEAT_INTERVAL: &str = "4s";
 /// Default orphan scan interval. The GSI query is cheap (0.5 read units when
 /// nothing is orphaned: about $0.65 a month per worker at 4 queries a second),
 /// and it bounds graceful-handoff latency: p99 under a second needs two scans
 /// (one may land mid-release) inside it.
 pub const DEFAULT_RECONCILE_INTERVAL: &str = "250ms";
-/// Default allowance for wall-clock disagreement between workers.
+/// Default allowance for this clock's disagreement with DynamoDB's: measured
+/// from every response's `Date` header; beyond it a worker refuses to acquire.
 pub const DEFAULT_MAX_CLOCK_SKEW: &str = "2s";
-/// Default extra margin before self-fencing (covers the close handshake).
+/// Default margin between a worker fencing itself and the earliest moment a
+/// peer may declare it dead (covers closing sessions).
 pub const DEFAULT_FENCE_MARGIN: &str = "1s";
 /// Default bound on graceful shutdown (the chart's grace period is longer).
 pub const DEFAULT_DRAIN_TIMEOUT: &str = "10s";
@@ -115,26 +122,19 @@ pub enum Command {
         #[arg(long, env = "TETHER_LOCAL_STORE_DATA", default_value = ":memory:")]
         data: PathBuf,
     },
-    /// Run the whole system locally: embedded store, test upstream, sink, three workers, and failures.
+    /// Run the whole system locally: embedded store, a demo feed, a verifying
+    /// sink, three workers, a crash and a graceful stop.
     Demo(DemoArgs),
-    /// Serve the test upstream: JSON messages with increasing `seq`, replay from `?after=N`.
-    TestUpstream {
-        #[arg(
-            long,
-            env = "TETHER_TEST_UPSTREAM_LISTEN",
-            default_value = "127.0.0.1:9001"
-        )]
-        listen: SocketAddr,
-        /// Messages per second per session.
-        #[arg(long, default_value_t = 20)]
-        rate: u32,
-    },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum TableCommand {
-    /// Create the table and its `by_state` index (idempotent; waits until ACTIVE).
+    /// Create the table and its `by_holder` index, or add the index to a table
+    /// made by version 0.1 (idempotent; waits until ACTIVE).
     Create,
+    /// End a rolling upgrade from 0.1 once no 0.1 process uses the table:
+    /// give old free streams their index key and drop the `by_state` index.
+    FinishUpgrade,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -159,16 +159,18 @@ pub struct DemoArgs {
 /// Worker settings (also used by `operator`).
 #[derive(Clone, Debug, Args)]
 pub struct WorkerArgs {
-    /// Identity written as `lease_owner`. Default: `$POD_NAME`, else `<hostname>-<pid>`
-    /// (the pid keeps two workers on one host apart).
+    /// Worker id (letters, digits, `.`, `_`, `-`). Default: `$POD_NAME`, else the host
+    /// name. Each process adds a random incarnation suffix, so two processes never
+    /// act as one owner even when started with the same id.
     #[arg(long, env = "TETHER_WORKER_ID")]
     pub worker_id: Option<String>,
 
-    /// How long a lease lasts without renewal; a crashed owner's streams move after this.
+    /// Peers declare a worker dead after watching its heartbeat stand still this
+    /// long; its streams then move.
     #[arg(long, env = "TETHER_LEASE_DURATION", default_value = DEFAULT_LEASE_DURATION, value_parser = parse_duration)]
     pub lease_duration: Duration,
 
-    /// How often each lease is renewed (carrying the latest checkpoint).
+    /// How often the worker renews its worker item (carrying the packed checkpoints).
     #[arg(long, env = "TETHER_HEARTBEAT_INTERVAL", default_value = DEFAULT_HEARTBEAT_INTERVAL, value_parser = parse_duration)]
     pub heartbeat_interval: Duration,
 
@@ -176,12 +178,13 @@ pub struct WorkerArgs {
     #[arg(long, env = "TETHER_RECONCILE_INTERVAL", default_value = DEFAULT_RECONCILE_INTERVAL, value_parser = parse_duration)]
     pub reconcile_interval: Duration,
 
-    /// Largest wall-clock disagreement tolerated between workers.
+    /// Largest disagreement with DynamoDB's clock tolerated; beyond it (measured
+    /// from response `Date` headers) the worker refuses to acquire and is not ready.
     #[arg(long, env = "TETHER_MAX_CLOCK_SKEW", default_value = DEFAULT_MAX_CLOCK_SKEW, value_parser = parse_duration)]
     pub max_clock_skew: Duration,
 
-    /// Extra safety margin: a session closes itself when no renewal was confirmed
-    /// within `lease_duration - max_clock_skew - fence_margin`.
+    /// Safety margin: sessions close when no renewal was confirmed within
+    /// `lease_duration - fence_margin`, before any peer may declare the worker dead.
     #[arg(long, env = "TETHER_FENCE_MARGIN", default_value = DEFAULT_FENCE_MARGIN, value_parser = parse_duration)]
     pub fence_margin: Duration,
 

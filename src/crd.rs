@@ -2,7 +2,7 @@
 //! descriptions `kubectl explain` shows, and the same types parse the manifests
 //! `tether apply` reads, so both modes accept exactly one schema.
 
-use crate::lease::{DesiredState, DesiredStream, StreamKey};
+use crate::lease::{DesiredState, DesiredStream, ResourceIdentity, StreamKey};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -44,10 +44,19 @@ pub const DEFAULT_SINK_TIMEOUT_SECONDS: u32 = 10;
 #[serde(rename_all = "camelCase")]
 pub struct StreamConnectionSpec {
     /// Upstream WebSocket URL, `ws://` or `wss://`. The text `{last_seq}` is replaced
-    /// at every connect with the last sequence number the sink acknowledged (0 when
-    /// none), so an upstream that can replay resumes without loss.
+    /// at every connect with the last sequence number the sink acknowledged, so an
+    /// upstream that can replay resumes without loss. While nothing has been
+    /// acknowledged yet (a new stream) it is replaced by nothing, or `initialUrl`
+    /// is used instead: "no checkpoint" and "checkpoint 0" are different.
     #[schemars(pattern(r"^wss?://"), length(max = 2048))]
     pub url: String,
+
+    /// URL of connects made while the stream has no checkpoint (nothing
+    /// acknowledged yet), e.g. `wss://feed.example/x?from=0` for a feed whose first
+    /// sequence number is 0. Default: `url` with `{last_seq}` replaced by nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^wss?://"), length(max = 2048))]
+    pub initial_url: Option<String>,
 
     /// `Started` keeps the stream connected; `Stopped` closes the session with a
     /// normal close frame and releases its lease, keeping the checkpoint.
@@ -320,6 +329,20 @@ impl StreamConnectionSpec {
             Ok(_) => errors.push(err("spec.url", "must be a ws:// or wss:// URL with a host")),
             Err(e) => errors.push(err("spec.url", format!("not a URL: {e}"))),
         }
+        if let Some(initial) = &self.initial_url {
+            match url::Url::parse(initial) {
+                Ok(_) if initial.contains("{last_seq}") => errors.push(err(
+                    "spec.initialUrl",
+                    "is used when there is no checkpoint, so it cannot contain {last_seq}",
+                )),
+                Ok(u) if matches!(u.scheme(), "ws" | "wss") && u.host_str().is_some() => {}
+                Ok(_) => errors.push(err(
+                    "spec.initialUrl",
+                    "must be a ws:// or wss:// URL with a host",
+                )),
+                Err(e) => errors.push(err("spec.initialUrl", format!("not a URL: {e}"))),
+            }
+        }
         if let Some(seq) = &self.sequence
             && !(seq.pointer.is_empty() || seq.pointer.starts_with('/'))
         {
@@ -407,8 +430,14 @@ impl StreamConnectionSpec {
         }
     }
 
-    /// What the control plane writes into the table for this spec.
-    pub fn to_desired(&self, key: StreamKey, generation: i64) -> DesiredStream {
+    /// What the control plane writes into the table for this spec; `resource`
+    /// identifies the Kubernetes object (none in standalone mode).
+    pub fn to_desired(
+        &self,
+        key: StreamKey,
+        generation: i64,
+        resource: Option<ResourceIdentity>,
+    ) -> DesiredStream {
         DesiredStream {
             key,
             desired_state: self.desired_state.into(),
@@ -416,6 +445,7 @@ impl StreamConnectionSpec {
             // Serialising plain data cannot fail.
             spec: serde_json::to_value(self).unwrap_or_default(),
             generation,
+            resource,
         }
     }
 }
@@ -430,6 +460,7 @@ pub mod fixtures {
         pub fn test(url: &str) -> Self {
             Self {
                 url: url.to_string(),
+                initial_url: None,
                 desired_state: DesiredStateSpec::Started,
                 sequence: None,
                 subscribe: Vec::new(),

@@ -9,9 +9,6 @@ use thiserror::Error;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// Credentials the embedded store is reached with; it does not check them.
-pub const EMBEDDED_CREDENTIALS: (&str, &str) = ("tether-local", "tether-local");
-
 #[derive(Debug, Error)]
 pub enum EmbeddedError {
     #[error("cannot open the embedded store at {path}: {detail}")]

@@ -1,5 +1,6 @@
 //! `/metrics`, `/healthz` and `/readyz` on `--metrics-addr`.
 
+use crate::lease::ClockGauge;
 use crate::metrics::Metrics;
 use axum::Router;
 use axum::extract::State;
@@ -8,6 +9,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 use tokio::net::TcpListener;
 
 /// Liveness and readiness, set by the worker.
@@ -17,14 +19,23 @@ pub struct Health {
     draining: AtomicBool,
     /// The lease store's reachability flag (see `LeaseStore::reachability`).
     store_ok: Arc<AtomicBool>,
+    /// This clock against DynamoDB's, and how far apart they may be.
+    clock: Arc<ClockGauge>,
+    max_clock_skew: Duration,
 }
 
 impl Health {
-    pub fn new(store_ok: Arc<AtomicBool>) -> Self {
+    pub fn new(
+        store_ok: Arc<AtomicBool>,
+        clock: Arc<ClockGauge>,
+        max_clock_skew: Duration,
+    ) -> Self {
         Self {
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             store_ok,
+            clock,
+            max_clock_skew,
         }
     }
 
@@ -37,11 +48,29 @@ impl Health {
         self.draining.store(true, Ordering::SeqCst);
     }
 
-    /// Ready to acquire streams: started, not draining, and DynamoDB answering.
+    /// Why the worker is not ready to acquire streams, if it is not: not
+    /// started, draining, DynamoDB not answering, or the clock too far off.
+    pub fn not_ready(&self) -> Option<String> {
+        if !self.ready.load(Ordering::SeqCst) {
+            return Some("not started".into());
+        }
+        if self.draining.load(Ordering::SeqCst) {
+            return Some("draining".into());
+        }
+        if !self.store_ok.load(Ordering::SeqCst) {
+            return Some("DynamoDB is not answering".into());
+        }
+        match self.clock.bounds() {
+            Some(b) if b.exceeds(self.max_clock_skew) => Some(format!(
+                "this clock is off DynamoDB's by {} to {} ms, beyond --max-clock-skew {:?}",
+                b.low, b.high, self.max_clock_skew
+            )),
+            _ => None,
+        }
+    }
+
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
-            && !self.draining.load(Ordering::SeqCst)
-            && self.store_ok.load(Ordering::SeqCst)
+        self.not_ready().is_none()
     }
 }
 
@@ -98,9 +127,11 @@ async fn metrics_handler(
 }
 
 async fn ready_handler(State(state): State<AppState>) -> impl IntoResponse {
-    if state.health.is_ready() {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    match state.health.not_ready() {
+        None => (StatusCode::OK, "ready\n".to_string()),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        ),
     }
 }

@@ -17,7 +17,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(tether::run(cli)) {
+    match runtime.block_on(tether::cli::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line a person can act on, not a backtrace.

@@ -32,6 +32,7 @@ pub struct StoreMetrics {
     requests: Family<Labels2, Counter>,
     latency: Family<Labels1, Histogram, fn() -> Histogram>,
     consumed_write_units: Family<Labels1, Counter<f64, AtomicU64>>,
+    consumed_read_units: Family<Labels1, Counter<f64, AtomicU64>>,
 }
 
 impl Default for StoreMetrics {
@@ -46,12 +47,13 @@ impl StoreMetrics {
             requests: Family::default(),
             latency: Family::new_with_constructor(request_buckets),
             consumed_write_units: Family::default(),
+            consumed_read_units: Family::default(),
         }
     }
 
-    pub fn observe(&self, operation: &'static str, outcome: &'static str, elapsed: Duration) {
+    pub fn observe(&self, operation: &'static str, result: &'static str, elapsed: Duration) {
         self.requests
-            .get_or_create(&[("operation", operation), ("outcome", outcome)])
+            .get_or_create(&[("operation", operation), ("result", result)])
             .inc();
         self.latency
             .get_or_create(&[("operation", operation)])
@@ -64,22 +66,16 @@ impl StoreMetrics {
             .inc_by(units);
     }
 
-    /// Total write units consumed so far (all operations), for benchmarks and tests.
-    pub fn total_write_units(&self, operations: &[&'static str]) -> f64 {
-        operations
-            .iter()
-            .map(|op| {
-                self.consumed_write_units
-                    .get_or_create(&[("operation", op)])
-                    .get()
-            })
-            .sum()
+    pub fn consumed_read_units(&self, operation: &'static str, units: f64) {
+        self.consumed_read_units
+            .get_or_create(&[("operation", operation)])
+            .inc_by(units);
     }
 
     fn register(self: &Arc<Self>, registry: &mut Registry) {
         registry.register(
             "tether_dynamodb_requests",
-            "DynamoDB requests by operation and outcome",
+            "DynamoDB requests by operation and result",
             self.requests.clone(),
         );
         registry.register(
@@ -89,8 +85,13 @@ impl StoreMetrics {
         );
         registry.register(
             "tether_dynamodb_consumed_write_units",
-            "Write capacity units DynamoDB reported as consumed",
+            "Write capacity units DynamoDB reported as consumed (table and indexes)",
             self.consumed_write_units.clone(),
+        );
+        registry.register(
+            "tether_dynamodb_consumed_read_units",
+            "Read capacity units DynamoDB reported as consumed",
+            self.consumed_read_units.clone(),
         );
     }
 }
@@ -98,7 +99,7 @@ impl StoreMetrics {
 /// Worker metrics (sessions, leases, sinks).
 pub struct WorkerMetrics {
     pub active_connections: Gauge,
-    pub leases_held: Gauge,
+    pub sessions_connected: Gauge,
     pub acquires: Family<Labels1, Counter>,
     pub renewals: Family<Labels1, Counter>,
     pub releases: Family<Labels1, Counter>,
@@ -115,13 +116,20 @@ pub struct WorkerMetrics {
     pub sink_batch_seconds: Histogram,
     pub rebalance_handoffs: Counter,
     pub live_workers: Gauge,
+    pub streams_unowned: Gauge,
+    pub clock_offset_seconds: Gauge<f64, AtomicU64>,
+    pub clock_skew_exceeded: Gauge,
+    pub malformed_items: Counter,
+    pub workers_declared_dead: Counter,
+    pub duplicate_worker_id: Gauge,
+    pub incarnation_restarts: Counter,
 }
 
 impl Default for WorkerMetrics {
     fn default() -> Self {
         Self {
             active_connections: Gauge::default(),
-            leases_held: Gauge::default(),
+            sessions_connected: Gauge::default(),
             acquires: Family::default(),
             renewals: Family::default(),
             releases: Family::default(),
@@ -138,6 +146,13 @@ impl Default for WorkerMetrics {
             sink_batch_seconds: request_buckets(),
             rebalance_handoffs: Counter::default(),
             live_workers: Gauge::default(),
+            streams_unowned: Gauge::default(),
+            clock_offset_seconds: Gauge::default(),
+            clock_skew_exceeded: Gauge::default(),
+            malformed_items: Counter::default(),
+            workers_declared_dead: Counter::default(),
+            duplicate_worker_id: Gauge::default(),
+            incarnation_restarts: Counter::default(),
         }
     }
 }
@@ -146,13 +161,13 @@ impl WorkerMetrics {
     fn register(&self, r: &mut Registry) {
         r.register(
             "tether_active_connections",
-            "Open upstream WebSocket sessions on this worker (the HPA metric)",
+            "Streams assigned to this worker (held), connected or not: the HPA metric, so an upstream outage does not read as no load",
             self.active_connections.clone(),
         );
         r.register(
-            "tether_leases_held",
-            "Stream leases this worker holds",
-            self.leases_held.clone(),
+            "tether_sessions_connected",
+            "Upstream WebSocket sessions open on this worker right now",
+            self.sessions_connected.clone(),
         );
         r.register(
             "tether_lease_acquires",
@@ -161,7 +176,7 @@ impl WorkerMetrics {
         );
         r.register(
             "tether_lease_renewals",
-            "Lease renewals by result",
+            "Worker heartbeats (renewals of the worker item) by result",
             self.renewals.clone(),
         );
         r.register(
@@ -176,12 +191,12 @@ impl WorkerMetrics {
         );
         r.register(
             "tether_self_fences",
-            "Sessions closed because no renewal was confirmed in time",
+            "Sessions closed because the worker's fence closed (no renewal confirmed in time)",
             self.self_fences.clone(),
         );
         r.register(
             "tether_failover_seconds",
-            "Time a crashed owner's stream sat expired before this worker acquired it",
+            "Time a version-1 owner's lapsed stream waited before this worker acquired it",
             self.failover_seconds.clone(),
         );
         r.register(
@@ -231,8 +246,43 @@ impl WorkerMetrics {
         );
         r.register(
             "tether_live_workers",
-            "Workers this worker currently sees as alive",
+            "Workers this worker currently sees as alive (itself included)",
             self.live_workers.clone(),
+        );
+        r.register(
+            "tether_streams_unowned",
+            "STARTED streams without a live owner, as this worker's last orphan scan saw them (fleet-wide: every worker reports the same figure, so aggregate with max, not sum)",
+            self.streams_unowned.clone(),
+        );
+        r.register(
+            "tether_clock_offset_seconds",
+            "This clock minus DynamoDB's (midpoint of the measured interval)",
+            self.clock_offset_seconds.clone(),
+        );
+        r.register(
+            "tether_clock_skew_exceeded",
+            "1 while the clock provably disagrees with DynamoDB's by more than --max-clock-skew (no acquisitions)",
+            self.clock_skew_exceeded.clone(),
+        );
+        r.register(
+            "tether_malformed_items",
+            "Table items skipped because they could not be read",
+            self.malformed_items.clone(),
+        );
+        r.register(
+            "tether_workers_declared_dead",
+            "Peers this worker declared dead (heartbeat still for a lease, or a restarted container)",
+            self.workers_declared_dead.clone(),
+        );
+        r.register(
+            "tether_duplicate_worker_id",
+            "Other live processes running with this worker's --worker-id",
+            self.duplicate_worker_id.clone(),
+        );
+        r.register(
+            "tether_incarnation_restarts",
+            "Times this process was declared dead by peers and started over as a new incarnation",
+            self.incarnation_restarts.clone(),
         );
     }
 }

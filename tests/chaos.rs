@@ -1,19 +1,22 @@
 //! A short, seeded chaos soak as part of the suite. It asserts only the safety
-//! properties (no overlapping sessions, no sequence gaps, no stale deliveries);
-//! timings belong to the benchmark (`scripts/bench chaos`).
+//! properties (no overlapping sessions, no sequence gaps, no stale
+//! deliveries) and that the fleet settles; timings belong to the benchmark
+//! (`scripts/bench chaos`).
 
 use std::time::Duration;
-use tether::testkit::bed::Bed;
-use tether::testkit::chaos::{ChaosConfig, run};
+use tether_testkit::bed::{Bed, BedOptions};
+use tether_testkit::chaos::{ChaosConfig, run};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_chaos_keeps_every_safety_property() {
-    tether::install_crypto_provider();
-    let logs = tempfile::tempdir().unwrap();
+    // A zero-based feed: sequence 0 must arrive like every other.
     let bed = Bed::start(
-        env!("CARGO_BIN_EXE_tether").into(),
-        logs.path().to_path_buf(),
-        20,
+        env!("CARGO_BIN_EXE_tether"),
+        BedOptions {
+            rate: 20,
+            first_seq: 0,
+            namespace: "chaos".into(),
+        },
     )
     .await
     .unwrap();
@@ -23,18 +26,18 @@ async fn seeded_chaos_keeps_every_safety_property() {
         .unwrap_or(7);
     let cfg = ChaosConfig {
         seed,
-        duration: Duration::from_secs(30),
+        duration: Duration::from_secs(40),
         streams: 12,
         workers: 4,
-        // Longer than the upstream's 3-4 s timeout for silent (paused) clients.
+        // Longer than the feed's 3-4 s timeout for silent (paused) clients.
         lease: Duration::from_secs(6),
-        heartbeat: Duration::from_secs(1),
+        heartbeat: Duration::from_millis(1500),
         reconcile: Duration::from_millis(300),
     };
     let report = run(&bed, &cfg).await.unwrap();
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
     assert!(
-        report.events.values().sum::<u32>() >= 5,
+        report.events.values().sum::<u32>() >= 8,
         "the run injected too few faults: {report:?}"
     );
     assert_eq!(report.overlapping_sessions, 0, "{report:?}");

@@ -1,8 +1,6 @@
 //! Controller call sequences against a tower-test mock of the Kubernetes API,
 //! with the real (embedded) DynamoDB-compatible store behind the lease table.
 
-mod support;
-
 use http::{Method, Request, Response};
 use kube::Client;
 use kube::client::Body;
@@ -10,7 +8,7 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use tether::controller::{Context, FINALIZER, reconcile};
 use tether::crd::{StreamConnection, StreamConnectionSpec};
-use tether::lease::{DesiredState, LeaseStore, StreamKey};
+use tether::lease::{AcquireFrom, DesiredState, Incarnation, LeaseStore, StreamKey};
 use tower_test::mock::{Handle, pair};
 
 type ApiHandle = Handle<Request<Body>, Response<Body>>;
@@ -39,7 +37,7 @@ fn deleting(mut obj: StreamConnection) -> StreamConnection {
 }
 
 async fn setup() -> (Arc<Context>, ApiHandle, LeaseStore) {
-    let store = support::fresh_store(None).await;
+    let store = tether_testkit::store::fresh_store(None).await;
     let (service, handle) = pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
     (
@@ -221,7 +219,7 @@ async fn deletion_stops_the_stream_removes_the_item_then_the_finalizer() {
     let obj = deleting(finalized(sc("gone", "ws://127.0.0.1:9/x")));
     let key = StreamKey::new("ns", "gone");
     store
-        .upsert_desired(&obj.spec.to_desired(key.clone(), 3))
+        .upsert_desired(&obj.spec.to_desired(key.clone(), 3, None))
         .await
         .unwrap();
     let reply = serde_json::to_value(sc("gone", "ws://127.0.0.1:9/x")).unwrap();
@@ -248,7 +246,12 @@ async fn deletion_stops_the_stream_removes_the_item_then_the_finalizer() {
     });
     reconcile(Arc::new(obj), ctx).await.unwrap();
     server.await.unwrap();
-    assert_eq!(store.get(&key).await.unwrap(), None, "item deleted");
+    let tombstone = store
+        .get(&key)
+        .await
+        .unwrap()
+        .expect("a tombstone keeps the token");
+    assert!(tombstone.is_tombstone(), "item deleted");
 }
 
 #[tokio::test]
@@ -257,17 +260,19 @@ async fn deletion_waits_while_a_worker_still_holds_the_lease() {
     let obj = deleting(finalized(sc("held", "ws://127.0.0.1:9/x")));
     let key = StreamKey::new("ns", "held");
     store
-        .upsert_desired(&obj.spec.to_desired(key.clone(), 3))
+        .upsert_desired(&obj.spec.to_desired(key.clone(), 3, None))
         .await
         .unwrap();
     let record = store.get(&key).await.unwrap().unwrap();
+    let w1 = Incarnation::new("w1");
+    store.register(&w1, None).await.unwrap();
     store
-        .acquire(&record, "w1", std::time::Duration::from_secs(60))
+        .acquire(&record, &AcquireFrom::Free, &w1)
         .await
         .unwrap();
     let err = reconcile(Arc::new(obj), ctx).await.unwrap_err();
     assert!(
-        matches!(err, tether::controller::Error::WaitingForRelease { ref owner } if owner == "w1"),
+        matches!(err, tether::controller::Error::WaitingForRelease { ref owner } if owner == w1.as_str()),
         "{err}"
     );
     let item = store.get(&key).await.unwrap().expect("kept until released");
@@ -278,7 +283,7 @@ async fn deletion_waits_while_a_worker_still_holds_the_lease() {
     );
     assert_eq!(
         item.lease_owner.as_deref(),
-        Some("w1"),
+        Some(w1.as_str()),
         "the mirror never touches the lease"
     );
     drop(handle);

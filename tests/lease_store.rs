@@ -1,19 +1,20 @@
-//! The lease store against a real DynamoDB-compatible server (dynoxide by default,
-//! dynalite when `TETHER_TEST_DYNAMODB_ENDPOINT` is set).
+//! The lease store against a real DynamoDB-compatible server (dynoxide by
+//! default, dynalite when `TETHER_TEST_DYNAMODB_ENDPOINT` is set): every
+//! conditional write of the protocol, each race it must win or lose cleanly.
 
-mod support;
-
+use aws_sdk_dynamodb::types::AttributeValue;
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tether::lease::{
-    AcquireOutcome, DesiredState, DesiredStream, Lease, LeaseStore, OwnerWrite, StoreError,
-    StreamKey, StreamRecord, UpsertOutcome, now_ms,
+    AcquireFrom, AcquireOutcome, Checkpoint, DeleteOutcome, DesiredState, DesiredStream,
+    HOLDER_SHARDS, Incarnation, Lease, LeaseStore, OwnerWrite, Ownership, PodIdentity,
+    ReleaseReason, RenewOutcome, Renewal, ResourceIdentity, SessionStatus, StoreError, StreamKey,
+    StreamRecord, TableChange, TombstoneOutcome, UpsertOutcome, UpsertRefusal, WorkerState,
 };
 use tether::metrics::StoreMetrics;
-
-const LONG: Duration = Duration::from_secs(60);
+use tether_testkit::store::{fresh_store, raw_client, store_config, unique_table};
 
 fn desired(name: &str, state: DesiredState, generation: i64) -> DesiredStream {
     DesiredStream {
@@ -22,6 +23,7 @@ fn desired(name: &str, state: DesiredState, generation: i64) -> DesiredStream {
         ws_url: format!("ws://127.0.0.1:1/{name}?after={{last_seq}}"),
         spec: json!({"sink": {"log": {}}}),
         generation,
+        resource: None,
     }
 }
 
@@ -34,119 +36,214 @@ async fn create(store: &LeaseStore, name: &str) -> StreamRecord {
     store.get(&d.key).await.unwrap().expect("item exists")
 }
 
-async fn acquire(store: &LeaseStore, observed: &StreamRecord, owner: &str, d: Duration) -> Lease {
-    match store.acquire(observed, owner, d).await.unwrap() {
+async fn worker(store: &LeaseStore, id: &str) -> Incarnation {
+    let me = Incarnation::new(id);
+    store.register(&me, None).await.unwrap();
+    me
+}
+
+async fn acquire(store: &LeaseStore, observed: &StreamRecord, me: &Incarnation) -> Lease {
+    match store
+        .acquire(observed, &AcquireFrom::Free, me)
+        .await
+        .unwrap()
+    {
         AcquireOutcome::Acquired { lease, .. } => lease,
-        other => panic!(
-            "{owner} expected to acquire {}, got {other:?}",
-            observed.key
-        ),
+        other => panic!("{me} expected to acquire {}, got {other:?}", observed.key),
+    }
+}
+
+fn renewal(version: u64) -> Renewal<'static> {
+    Renewal {
+        version,
+        lease_ms: 8000,
+        ..Renewal::default()
     }
 }
 
 #[tokio::test]
 async fn exactly_one_of_eight_racing_workers_wins_each_round() {
-    let store = fresh_store().await;
+    let store = fresh_store(None).await;
     let mut record = create(&store, "race").await;
-    for round in 0..50 {
+    let mut workers = Vec::new();
+    for i in 0..8 {
+        workers.push(worker(&store, &format!("w{i}")).await);
+    }
+    for round in 0..30 {
         let mut tasks = Vec::new();
-        for i in 0..8 {
-            let store = store.clone();
-            let observed = record.clone();
+        for w in &workers {
+            let (store, observed, w) = (store.clone(), record.clone(), w.clone());
             tasks.push(tokio::spawn(async move {
-                store.acquire(&observed, &format!("w{i}"), LONG).await
+                store.acquire(&observed, &AcquireFrom::Free, &w).await
             }));
         }
         let mut winners = Vec::new();
         for task in tasks {
             match task.await.unwrap().unwrap() {
                 AcquireOutcome::Acquired { lease, .. } => winners.push(lease),
-                AcquireOutcome::Held { .. } => {}
+                AcquireOutcome::Taken { .. } => {}
                 other => panic!("round {round}: unexpected {other:?}"),
             }
         }
         assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
-        let winner = &winners[0];
         let stored = store.get(&record.key).await.unwrap().unwrap();
-        assert_eq!(stored.lease_owner.as_deref(), Some(winner.owner.as_str()));
+        assert_eq!(
+            stored.ownership(),
+            Ownership::Owned(winners[0].owner.clone())
+        );
         assert_eq!(
             stored.lease_counter,
             record.lease_counter + 1,
             "one bump per round"
         );
-        assert!(!store.release(winner, None, None).await.unwrap().is_lost());
+        assert_eq!(stored.holder, Some(winners[0].owner.holder_of(&record.key)));
+        let released = store
+            .release(
+                &winners[0],
+                ReleaseReason::Rebalance,
+                None,
+                &SessionStatus::default(),
+                DesiredState::Started,
+            )
+            .await
+            .unwrap();
+        assert_eq!(released, OwnerWrite::Done(()));
         record = store.get(&record.key).await.unwrap().unwrap();
     }
 }
 
 #[tokio::test]
-async fn after_a_takeover_the_old_owner_loses_every_write_and_changes_nothing() {
-    let store = fresh_store().await;
-    let record = create(&store, "takeover").await;
-    let old = acquire(&store, &record, "old", Duration::from_millis(50)).await;
-    assert!(!store.checkpoint(&old, 5).await.unwrap().is_lost());
-    tokio::time::sleep(Duration::from_millis(120)).await;
-
-    let orphans = store.orphans(now_ms()).await.unwrap();
-    let observed = orphans
-        .iter()
-        .find(|r| r.key == record.key)
-        .expect("expired lease is an orphan");
-    let new = acquire(&store, observed, "new", LONG).await;
-    assert_eq!(new.counter, old.counter + 1);
-    let before = store.get(&record.key).await.unwrap().unwrap();
-
+async fn two_processes_started_with_one_worker_id_are_two_owners() {
+    let store = fresh_store(None).await;
+    let record = create(&store, "twins").await;
+    // Same --worker-id, two processes: two incarnations.
+    let a = worker(&store, "pod-0").await;
+    let b = worker(&store, "pod-0").await;
+    assert_ne!(a, b);
+    let first = acquire(&store, &record, &a).await;
+    // b, from the same observation, must not mistake a's write for its own.
+    match store
+        .acquire(&record, &AcquireFrom::Free, &b)
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Taken { owner } => assert_eq!(owner.as_deref(), Some(a.as_str())),
+        other => panic!("the twin must lose, got {other:?}"),
+    }
+    // a retrying the acquire whose answer it lost is recognised as the owner.
+    match store
+        .acquire(&record, &AcquireFrom::Free, &a)
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Acquired { lease, .. } => assert_eq!(lease, first),
+        other => panic!("a retried acquire that landed is ours, got {other:?}"),
+    }
+    // The twin's owner writes all fail.
+    let twin_lease = Lease {
+        owner: b.clone(),
+        ..first.clone()
+    };
+    let status = SessionStatus::default();
     assert_eq!(
-        store.renew(&old, LONG, Some(99), None).await.unwrap(),
+        store.write_status(&twin_lease, &status, 1).await.unwrap(),
         OwnerWrite::Lost
     );
-    assert_eq!(store.checkpoint(&old, 100).await.unwrap(), OwnerWrite::Lost);
     assert_eq!(
-        store.release(&old, Some(101), None).await.unwrap(),
+        store.fold_checkpoint(&twin_lease, 9).await.unwrap(),
         OwnerWrite::Lost
     );
-
-    let after = store.get(&record.key).await.unwrap().unwrap();
-    assert_eq!(before, after, "stale writes must change nothing");
-    assert_eq!(after.lease_owner.as_deref(), Some("new"));
-    assert_eq!(after.last_seq, Some(5));
+    assert_eq!(
+        store
+            .release(
+                &twin_lease,
+                ReleaseReason::Shutdown,
+                None,
+                &status,
+                DesiredState::Started
+            )
+            .await
+            .unwrap(),
+        OwnerWrite::Lost
+    );
+    assert_eq!(
+        store.get(&record.key).await.unwrap().unwrap().ownership(),
+        Ownership::Owned(a)
+    );
 }
 
 #[tokio::test]
-async fn release_frees_the_stream_at_once_and_last_seq_survives_release_and_takeover() {
-    let store = fresh_store().await;
-    let record = create(&store, "release").await;
-    let first = acquire(&store, &record, "w1", LONG).await;
+async fn an_acquire_without_an_answer_is_resolved_by_reading_it_back() {
+    let store = fresh_store(None).await;
+    let record = create(&store, "ambiguous").await;
+    let me = worker(&store, "w").await;
     assert_eq!(
-        store.checkpoint(&first, 42).await.unwrap(),
-        OwnerWrite::Done(42)
+        store
+            .resolve_acquire(&record.key, record.lease_counter, &me)
+            .await
+            .unwrap(),
+        None
     );
+    let lease = acquire(&store, &record, &me).await;
+    let (resolved, _) = store
+        .resolve_acquire(&record.key, record.lease_counter, &me)
+        .await
+        .unwrap()
+        .expect("the write landed: it is ours");
+    assert_eq!(resolved, lease);
+    let other = worker(&store, "w").await;
     assert_eq!(
-        store.release(&first, None, None).await.unwrap(),
+        store
+            .resolve_acquire(&record.key, record.lease_counter, &other)
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+#[tokio::test]
+async fn a_release_is_final_keeps_the_checkpoint_and_frees_the_stream_at_once() {
+    let store = fresh_store(None).await;
+    let record = create(&store, "release").await;
+    let me = worker(&store, "w1").await;
+    let lease = acquire(&store, &record, &me).await;
+    assert_eq!(
+        store.fold_checkpoint(&lease, 10).await.unwrap(),
         OwnerWrite::Done(())
     );
-
+    let status = SessionStatus::default();
+    let release = || {
+        store.release(
+            &lease,
+            ReleaseReason::Shutdown,
+            Some(42),
+            &status,
+            DesiredState::Started,
+        )
+    };
+    assert_eq!(release().await.unwrap(), OwnerWrite::Done(()));
+    // A retry of the release (its answer lost) is still a success.
+    assert_eq!(release().await.unwrap(), OwnerWrite::Done(()));
     let released = store.get(&record.key).await.unwrap().unwrap();
-    assert_eq!(released.lease_expires_at_ms, 0);
+    assert_eq!(released.ownership(), Ownership::Free);
     assert_eq!(released.last_seq, Some(42));
-    assert!(
-        store
-            .orphans(now_ms())
-            .await
-            .unwrap()
-            .iter()
-            .any(|r| r.key == record.key)
+    assert_eq!(released.release_reason, Some(ReleaseReason::Shutdown));
+    assert_eq!(released.holder, Some(record.key.unowned_holder()));
+    // Nothing the old owner still has in flight can touch it again.
+    assert_eq!(
+        store.write_status(&lease, &status, 1).await.unwrap(),
+        OwnerWrite::Lost
     );
-
-    // Acquirable immediately, not after the old lease would have lapsed.
-    let second = acquire(&store, &released, "w2", Duration::from_millis(50)).await;
-    let taken = store.get(&record.key).await.unwrap().unwrap();
-    assert_eq!(taken.last_seq, Some(42));
-
-    // Takeover after expiry keeps last_seq as well.
-    tokio::time::sleep(Duration::from_millis(120)).await;
-    let third = acquire(&store, &taken, "w3", LONG).await;
-    assert_eq!(third.counter, second.counter + 1);
+    assert_eq!(
+        store.fold_checkpoint(&lease, 99).await.unwrap(),
+        OwnerWrite::Lost
+    );
+    assert_eq!(store.get(&record.key).await.unwrap().unwrap(), released);
+    // Found in its unowned partition and acquirable at once.
+    let found = store.unowned(record.key.shard()).await.unwrap();
+    assert!(found.records.iter().any(|r| r.key == record.key));
+    let next = acquire(&store, &released, &worker(&store, "w2").await).await;
+    assert_eq!(next.counter, lease.counter + 1);
     assert_eq!(
         store.get(&record.key).await.unwrap().unwrap().last_seq,
         Some(42)
@@ -154,99 +251,308 @@ async fn release_frees_the_stream_at_once_and_last_seq_survives_release_and_take
 }
 
 #[tokio::test]
-async fn checkpoints_never_move_last_seq_backwards() {
-    let store = fresh_store().await;
+async fn checkpoints_never_move_last_seq_backwards_and_zero_is_a_checkpoint() {
+    let store = fresh_store(None).await;
     let record = create(&store, "mono").await;
-    let lease = acquire(&store, &record, "w1", LONG).await;
+    assert_eq!(record.last_seq, None, "no checkpoint yet");
+    let lease = acquire(&store, &record, &worker(&store, "w1").await).await;
     assert_eq!(
-        store.checkpoint(&lease, 10).await.unwrap(),
-        OwnerWrite::Done(10)
+        store.fold_checkpoint(&lease, 0).await.unwrap(),
+        OwnerWrite::Done(())
     );
     assert_eq!(
-        store.checkpoint(&lease, 5).await.unwrap(),
-        OwnerWrite::Done(10)
+        store.get(&record.key).await.unwrap().unwrap().last_seq,
+        Some(0)
     );
+    store.fold_checkpoint(&lease, 10).await.unwrap();
     assert_eq!(
-        store.checkpoint(&lease, 10).await.unwrap(),
-        OwnerWrite::Done(10)
+        store.fold_checkpoint(&lease, 5).await.unwrap(),
+        OwnerWrite::Done(())
     );
-    // A renewal carrying an older checkpoint still renews, without rewinding.
-    let renewed = store.renew(&lease, LONG, Some(3), None).await.unwrap();
-    assert!(matches!(renewed, OwnerWrite::Done(_)), "{renewed:?}");
     assert_eq!(
         store.get(&record.key).await.unwrap().unwrap().last_seq,
         Some(10)
     );
-    // And a renewal carrying a newer one advances it in the same write.
-    store.renew(&lease, LONG, Some(12), None).await.unwrap();
-    assert_eq!(
-        store.get(&record.key).await.unwrap().unwrap().last_seq,
-        Some(12)
-    );
-    store.release(&lease, Some(7), None).await.unwrap();
+    store
+        .release(
+            &lease,
+            ReleaseReason::Shutdown,
+            Some(7),
+            &SessionStatus::default(),
+            DesiredState::Started,
+        )
+        .await
+        .unwrap();
     let released = store.get(&record.key).await.unwrap().unwrap();
     assert_eq!(
-        (released.last_seq, released.lease_expires_at_ms),
-        (Some(12), 0)
+        (released.last_seq, released.ownership()),
+        (Some(10), Ownership::Free)
     );
 }
 
 #[tokio::test]
-async fn orphans_are_exactly_the_expired_started_streams_across_pages() {
-    // Page size 7 forces several pages for both the query and the scan.
-    let store = fresh_store_paged(7).await;
-    let mut expected = BTreeSet::new();
-    for i in 0..30 {
-        let record = create(&store, &format!("s{i:02}")).await;
-        match i % 3 {
-            // Held with a live lease: not an orphan.
-            0 => {
-                acquire(&store, &record, "holder", LONG).await;
-            }
-            // Held with a lease that lapses at once: an orphan.
-            1 => {
-                acquire(&store, &record, "crashed", Duration::from_millis(1)).await;
-                expected.insert(record.key.clone());
-            }
-            // Never owned: an orphan.
-            _ => {
-                expected.insert(record.key.clone());
-            }
-        }
-    }
-    for i in 0..12 {
-        let d = desired(&format!("stopped{i:02}"), DesiredState::Stopped, 1);
-        store.upsert_desired(&d).await.unwrap();
-    }
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let orphans = store.orphans(now_ms()).await.unwrap();
-    let got: BTreeSet<_> = orphans.iter().map(|r| r.key.clone()).collect();
-    assert_eq!(got.len(), orphans.len(), "no duplicates across pages");
-    assert_eq!(got, expected);
-    assert!(
-        orphans
-            .iter()
-            .all(|r| r.desired_state == DesiredState::Started)
+async fn a_dead_incarnation_can_never_renew_and_its_streams_move_with_its_checkpoints() {
+    let store = fresh_store(None).await;
+    let dead = worker(&store, "crashed").await;
+    let taker = worker(&store, "taker").await;
+    let record = create(&store, "moving").await;
+    let lease = acquire(&store, &record, &dead).await;
+    let key = record.key.clone();
+    let packed = Checkpoint {
+        seq: 77,
+        token: lease.counter,
+    };
+    let renew = Renewal {
+        checkpoints: vec![(&key, &packed)],
+        checkpoint_shards: 1,
+        ..renewal(1)
+    };
+    assert!(matches!(
+        store.renew(&dead, &renew).await.unwrap(),
+        RenewOutcome::Renewed { .. }
+    ));
+    // A peer that watched version 0 cannot declare it dead: it renewed since.
+    assert_eq!(
+        store.declare_dead(&dead, 0).await.unwrap(),
+        Some(WorkerState::Live)
     );
     assert_eq!(
-        store.list().await.unwrap().len(),
-        42,
-        "scan pages through everything"
+        store.declare_dead(&dead, 1).await.unwrap(),
+        Some(WorkerState::Dead)
+    );
+    // Once dead, no renewal lands, whatever it carries.
+    assert_eq!(
+        store.renew(&dead, &renewal(2)).await.unwrap(),
+        RenewOutcome::Dead
+    );
+    let fleet = store.fleet().await.unwrap();
+    assert!(
+        fleet
+            .workers
+            .iter()
+            .any(|w| w.incarnation == dead && w.state == WorkerState::Dead)
+    );
+    let held = store.held_by(&dead).await.unwrap();
+    assert_eq!(held.records.len(), 1);
+    let checkpoints = store.checkpoints_of(&dead).await.unwrap();
+    assert_eq!(checkpoints.get(&key), Some(&packed));
+    let from = AcquireFrom::Dead {
+        owner: dead.clone(),
+        checkpoint: Some(77),
+    };
+    let moved = match store
+        .acquire(&held.records[0], &from, &taker)
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Acquired { lease, record } => {
+            assert_eq!(
+                record.last_seq,
+                Some(77),
+                "the packed checkpoint moves into the item"
+            );
+            lease
+        }
+        other => panic!("expected the takeover to succeed, got {other:?}"),
+    };
+    assert_eq!(moved.counter, lease.counter + 1);
+    assert!(store.held_by(&dead).await.unwrap().records.is_empty());
+    // The dead owner's writes change nothing.
+    assert_eq!(
+        store
+            .write_status(&lease, &SessionStatus::default(), 1)
+            .await
+            .unwrap(),
+        OwnerWrite::Lost
+    );
+    // A takeover from a stale view (the stream moved on) loses cleanly.
+    assert!(matches!(
+        store
+            .acquire(&held.records[0], &from, &worker(&store, "late").await)
+            .await
+            .unwrap(),
+        AcquireOutcome::Taken { .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_restarted_container_proves_its_predecessor_dead_only_with_a_higher_restart_count() {
+    let store = fresh_store(None).await;
+    let pod = |restarts| PodIdentity {
+        uid: "pod-uid-1".into(),
+        container: "tether".into(),
+        restart_count: restarts,
+    };
+    let before = Incarnation::new("tether-0");
+    store.register(&before, Some(&pod(2))).await.unwrap();
+    let stranger = Incarnation::new("tether-1");
+    store
+        .register(
+            &stranger,
+            Some(&PodIdentity {
+                uid: "other".into(),
+                ..pod(0)
+            }),
+        )
+        .await
+        .unwrap();
+    let fleet = store.fleet().await.unwrap();
+    // Same count (a stale pod status): no proof.
+    let same = Incarnation::new("tether-0");
+    store.register(&same, Some(&pod(2))).await.unwrap();
+    assert!(
+        store
+            .declare_restarted_dead(&same, &pod(2), &fleet.workers)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let after = Incarnation::new("tether-0");
+    store.register(&after, Some(&pod(3))).await.unwrap();
+    let fleet = store.fleet().await.unwrap();
+    let mut marked = store
+        .declare_restarted_dead(&after, &pod(3), &fleet.workers)
+        .await
+        .unwrap();
+    marked.sort();
+    let mut expected = vec![before.clone(), same.clone()];
+    expected.sort();
+    assert_eq!(
+        marked, expected,
+        "both earlier runs of this container are gone"
+    );
+    assert_eq!(
+        store.worker(&stranger).await.unwrap().unwrap().state,
+        WorkerState::Live
     );
 }
 
 #[tokio::test]
-async fn control_plane_upsert_keeps_a_held_lease_and_ignores_older_generations() {
-    let store = fresh_store().await;
-    let record = create(&store, "mirror").await;
-    let lease = acquire(&store, &record, "w1", LONG).await;
-    store.checkpoint(&lease, 77).await.unwrap();
-    let before = store.get(&record.key).await.unwrap().unwrap();
+async fn fencing_tokens_keep_growing_across_delete_and_recreate() {
+    let store = fresh_store(None).await;
+    let record = create(&store, "reborn").await;
+    let me = worker(&store, "w").await;
+    let first = acquire(&store, &record, &me).await;
+    // Deleting under a live owner is refused until it released.
+    assert_eq!(
+        store.tombstone(&record.key, true, false).await.unwrap(),
+        TombstoneOutcome::StillOwned {
+            owner: me.to_string()
+        }
+    );
+    store
+        .release(
+            &first,
+            ReleaseReason::Stopped,
+            Some(5),
+            &SessionStatus::default(),
+            DesiredState::Started,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .delete_stream(&record.key, Duration::from_secs(5))
+            .await
+            .unwrap(),
+        DeleteOutcome::Deleted
+    );
+    let tombstone = store.get(&record.key).await.unwrap().unwrap();
+    assert!(tombstone.is_tombstone());
+    assert_eq!(tombstone.lease_counter, first.counter, "the token survives");
+    assert!(
+        store.list().await.unwrap().records.is_empty(),
+        "deleted streams are not listed"
+    );
+    assert_eq!(
+        store
+            .delete_stream(&record.key, Duration::from_secs(1))
+            .await
+            .unwrap(),
+        DeleteOutcome::NotFound
+    );
+    // Re-created under the same name: a new stream (no checkpoint), higher tokens.
+    let again = create(&store, "reborn").await;
+    assert_eq!(again.last_seq, None);
+    let second = acquire(&store, &again, &me).await;
+    assert!(
+        second.counter > first.counter,
+        "{} > {}",
+        second.counter,
+        first.counter
+    );
+}
 
-    let mut newer = desired("mirror", DesiredState::Stopped, 3);
-    newer.ws_url = "ws://127.0.0.1:1/new".into();
+#[tokio::test]
+async fn the_mirror_is_guarded_by_resource_identity_and_generation() {
+    let store = fresh_store(None).await;
+    let resource = |uid: &str, created_ms| {
+        Some(ResourceIdentity {
+            uid: uid.into(),
+            created_ms,
+        })
+    };
+    let mut d = desired("mirror", DesiredState::Started, 2);
+    d.resource = resource("uid-a", 1_000);
+    assert_eq!(
+        store.upsert_desired(&d).await.unwrap(),
+        UpsertOutcome::Applied
+    );
+    assert_eq!(
+        store.upsert_desired(&d).await.unwrap(),
+        UpsertOutcome::Unchanged,
+        "nothing new: no write"
+    );
+    let mut older = d.clone();
+    older.generation = 1;
+    assert_eq!(
+        store.upsert_desired(&older).await.unwrap(),
+        UpsertOutcome::Refused {
+            reason: UpsertRefusal::StaleGeneration { stored: 2 }
+        }
+    );
+    // Deleted by one replica; a lagging replica must not bring it back.
+    assert_eq!(
+        store.tombstone(&d.key, false, false).await.unwrap(),
+        TombstoneOutcome::Deleted
+    );
+    assert_eq!(
+        store.upsert_desired(&d).await.unwrap(),
+        UpsertOutcome::Refused {
+            reason: UpsertRefusal::Deleted
+        }
+    );
+    // A new resource of the same name (created later) replaces the item ...
+    let mut newer = desired("mirror", DesiredState::Started, 1);
+    newer.resource = resource("uid-b", 2_000);
     assert_eq!(
         store.upsert_desired(&newer).await.unwrap(),
+        UpsertOutcome::Applied
+    );
+    // ... and the old one can never overwrite it again.
+    assert_eq!(
+        store.upsert_desired(&d).await.unwrap(),
+        UpsertOutcome::Refused {
+            reason: UpsertRefusal::NewerResource {
+                stored_uid: "uid-b".into()
+            }
+        }
+    );
+    let item = store.get(&d.key).await.unwrap().unwrap();
+    assert_eq!((item.uid.as_deref(), item.generation), (Some("uid-b"), 1));
+}
+
+#[tokio::test]
+async fn control_plane_changes_reach_the_owner_and_never_touch_lease_fields() {
+    let store = fresh_store(None).await;
+    let record = create(&store, "changed").await;
+    let me = worker(&store, "w").await;
+    let lease = acquire(&store, &record, &me).await;
+    let before = store.get(&record.key).await.unwrap().unwrap();
+    let mut stopped = desired("changed", DesiredState::Stopped, 2);
+    stopped.ws_url = "ws://127.0.0.1:1/new".into();
+    assert_eq!(
+        store.upsert_desired(&stopped).await.unwrap(),
         UpsertOutcome::Applied
     );
     let after = store.get(&record.key).await.unwrap().unwrap();
@@ -255,90 +561,150 @@ async fn control_plane_upsert_keeps_a_held_lease_and_ignores_older_generations()
             &after.lease_owner,
             after.lease_expires_at_ms,
             after.lease_counter,
-            after.last_seq
+            after.last_seq,
+            &after.holder
         ),
         (
             &before.lease_owner,
             before.lease_expires_at_ms,
             before.lease_counter,
-            before.last_seq
+            before.last_seq,
+            &before.holder
         ),
         "the mirror never touches lease fields"
     );
+    let RenewOutcome::Renewed { changed } = store.renew(&me, &renewal(1)).await.unwrap() else {
+        panic!("renewal failed")
+    };
     assert_eq!(
-        (after.desired_state, after.generation),
-        (DesiredState::Stopped, 3)
+        changed.iter().map(|c| &c.key).collect::<Vec<_>>(),
+        vec![&record.key]
     );
-    // The owner still renews (and learns the stream is STOPPED from the same write).
-    match store.renew(&lease, LONG, None, None).await.unwrap() {
-        OwnerWrite::Done((_, r)) => assert_eq!(r.desired_state, DesiredState::Stopped),
-        OwnerWrite::Lost => panic!("renew after upsert must succeed"),
-    }
-
-    let older = desired("mirror", DesiredState::Started, 2);
+    // A second change while the first is being handled is not lost with it.
+    let mut again = desired("changed", DesiredState::Started, 3);
+    again.ws_url = "ws://127.0.0.1:1/again".into();
+    store.upsert_desired(&again).await.unwrap();
+    let handled = Renewal {
+        handled: changed.iter().map(|c| c.raw.clone()).collect(),
+        ..renewal(2)
+    };
+    let RenewOutcome::Renewed { changed: next } = store.renew(&me, &handled).await.unwrap() else {
+        panic!("renewal failed")
+    };
+    assert_eq!(next.len(), 1, "{next:?}");
+    // The owner releases the STOPPED... (it was re-started: still ours).
     assert_eq!(
-        store.upsert_desired(&older).await.unwrap(),
-        UpsertOutcome::StaleGeneration { stored: 3 }
-    );
-    let kept = store.get(&record.key).await.unwrap().unwrap();
-    assert_eq!(
-        (kept.desired_state, kept.ws_url.as_str()),
-        (DesiredState::Stopped, "ws://127.0.0.1:1/new")
+        store
+            .write_status(&lease, &SessionStatus::default(), 3)
+            .await
+            .unwrap(),
+        OwnerWrite::Done(())
     );
 }
 
 #[tokio::test]
-async fn a_retried_acquire_that_had_succeeded_is_recognised_as_ours() {
-    let store = fresh_store().await;
-    let record = create(&store, "retry").await;
-    let first = acquire(&store, &record, "w1", LONG).await;
-    // Same observed item, as a retry after a lost response would send.
-    let again = acquire(&store, &record, "w1", LONG).await;
-    assert_eq!(again.counter, first.counter);
-    // Somebody else with the same stale view is told who holds it.
-    match store.acquire(&record, "w2", LONG).await.unwrap() {
-        AcquireOutcome::Held { owner, .. } => assert_eq!(owner, "w1"),
-        other => panic!("expected Held, got {other:?}"),
+async fn unowned_partitions_hold_exactly_the_free_started_streams_across_pages() {
+    // Page size 3 forces several pages per partition.
+    let store = fresh_store(Some(3)).await;
+    let me = worker(&store, "holder").await;
+    let mut expected = BTreeSet::new();
+    let mut held = BTreeSet::new();
+    for i in 0..40 {
+        let record = create(&store, &format!("s{i:02}")).await;
+        if i % 3 == 0 {
+            acquire(&store, &record, &me).await;
+            held.insert(record.key.clone());
+        } else {
+            expected.insert(record.key.clone());
+        }
     }
+    for i in 0..6 {
+        store
+            .upsert_desired(&desired(&format!("stopped{i}"), DesiredState::Stopped, 1))
+            .await
+            .unwrap();
+    }
+    let mut got = BTreeSet::new();
+    for shard in 0..HOLDER_SHARDS {
+        for r in store.unowned(shard).await.unwrap().records {
+            assert_eq!(r.key.shard(), shard);
+            assert!(got.insert(r.key), "no duplicates across pages");
+        }
+    }
+    assert_eq!(got, expected);
+    let mine: BTreeSet<_> = store
+        .held_by(&me)
+        .await
+        .unwrap()
+        .records
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
+    assert_eq!(mine, held);
+    assert_eq!(
+        store.list().await.unwrap().records.len(),
+        46,
+        "the scan pages through everything"
+    );
 }
 
 #[tokio::test]
-async fn stopped_or_deleted_streams_cannot_be_acquired_and_deletion_ends_the_lease() {
-    let store = fresh_store().await;
-    let record = create(&store, "gone").await;
-    let lease = acquire(&store, &record, "w1", LONG).await;
-    assert!(store.delete(&record.key).await.unwrap());
-    assert_eq!(
-        store.renew(&lease, LONG, None, None).await.unwrap(),
-        OwnerWrite::Lost
+async fn a_malformed_item_is_reported_apart_and_the_others_are_still_found() {
+    let store = fresh_store(None).await;
+    let good = create(&store, "good").await;
+    let shard = good.key.shard();
+    let client = raw_client().await;
+    // A hand-edited name, and a token that is not a number.
+    let bad = [("CONN#a/b/c", "1"), ("CONN#test/bad-token", "seven")];
+    for (pk, counter) in bad {
+        let mut item = std::collections::HashMap::new();
+        item.insert("Pk".to_string(), AttributeValue::S(pk.into()));
+        item.insert(
+            "desired_state".to_string(),
+            AttributeValue::S("STARTED".into()),
+        );
+        item.insert(
+            "holder".to_string(),
+            AttributeValue::S(format!("UNOWNED#{shard}")),
+        );
+        item.insert(
+            "lease_expires_at_ms".to_string(),
+            AttributeValue::N("0".into()),
+        );
+        let counter = if counter.parse::<u64>().is_ok() {
+            AttributeValue::N(counter.into())
+        } else {
+            AttributeValue::S(counter.into())
+        };
+        item.insert("lease_counter".to_string(), counter);
+        client
+            .put_item()
+            .table_name(store.table())
+            .set_item(Some(item))
+            .send()
+            .await
+            .unwrap();
+    }
+    let found = store.unowned(shard).await.unwrap();
+    assert!(
+        found.records.iter().any(|r| r.key == good.key),
+        "the good stream is still found"
     );
-    assert_eq!(
-        store.acquire(&record, "w2", LONG).await.unwrap(),
-        AcquireOutcome::Gone
-    );
-    assert!(!store.delete(&record.key).await.unwrap());
-
-    let stopped = desired("stopped", DesiredState::Stopped, 1);
-    store.upsert_desired(&stopped).await.unwrap();
-    let observed = store.get(&stopped.key).await.unwrap().unwrap();
-    assert_eq!(
-        store.acquire(&observed, "w1", LONG).await.unwrap(),
-        AcquireOutcome::NotStarted
-    );
+    let mut pks: Vec<_> = found.malformed.iter().map(|m| m.pk.as_str()).collect();
+    pks.sort();
+    assert_eq!(pks, vec!["CONN#a/b/c", "CONN#test/bad-token"]);
 }
 
 #[tokio::test]
 async fn bad_input_gives_a_typed_error_and_writes_nothing() {
     tether::install_crypto_provider();
-    // Invalid table name: refused before any request.
-    let err = LeaseStore::connect(support::store_config("no"), Arc::new(StoreMetrics::new()))
+    let err = LeaseStore::connect(store_config("no"), Arc::new(StoreMetrics::new()))
         .await
         .err()
         .expect("invalid name is refused");
     assert!(matches!(err, StoreError::InvalidTableName(_)), "{err}");
 
-    // Unreachable endpoint: retried within the deadline, then a clear error.
-    let mut cfg = support::store_config("tether-unreachable");
+    let mut cfg = store_config("tether-unreachable");
     cfg.endpoint = Some("http://127.0.0.1:1".into());
     cfg.retry.deadline = Duration::from_millis(300);
     let unreachable = LeaseStore::connect(cfg, Arc::new(StoreMetrics::new()))
@@ -351,9 +717,8 @@ async fn bad_input_gives_a_typed_error_and_writes_nothing() {
     assert!(matches!(err, StoreError::Unreachable { .. }), "{err}");
     assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
 
-    // Missing table.
     let missing = LeaseStore::connect(
-        support::store_config(&support::unique_table("missing")),
+        store_config(&unique_table("missing")),
         Arc::new(StoreMetrics::new()),
     )
     .await
@@ -361,36 +726,18 @@ async fn bad_input_gives_a_typed_error_and_writes_nothing() {
     let err = missing.check_table().await.unwrap_err();
     assert!(matches!(err, StoreError::TableNotFound { .. }), "{err}");
 
-    // An item over 400 KB: rejected whole, whether new or existing.
-    let store = fresh_store().await;
+    let store = fresh_store(None).await;
     let mut big = desired("big", DesiredState::Started, 1);
     big.spec = json!({ "padding": "x".repeat(410 * 1024) });
     let err = store.upsert_desired(&big).await.unwrap_err();
     assert!(matches!(err, StoreError::ItemTooLarge { .. }), "{err}");
     assert_eq!(store.get(&big.key).await.unwrap(), None, "nothing written");
-
-    let existing = create(&store, "grows").await;
-    let mut grown = desired("grows", DesiredState::Started, 2);
-    grown.spec = big.spec.clone();
-    let err = store.upsert_desired(&grown).await.unwrap_err();
-    assert!(matches!(err, StoreError::ItemTooLarge { .. }), "{err}");
-    assert_eq!(store.get(&existing.key).await.unwrap(), Some(existing));
 }
 
 #[tokio::test]
 async fn table_create_is_idempotent() {
-    let store = fresh_store().await;
-    assert!(
-        !store.create_table().await.unwrap(),
-        "second create reports existing table"
-    );
-    store.check_table().await.unwrap();
-}
-
-async fn fresh_store() -> LeaseStore {
-    support::fresh_store(None).await
-}
-
-async fn fresh_store_paged(page: i32) -> LeaseStore {
-    support::fresh_store(Some(page)).await
+    let store = fresh_store(None).await;
+    assert_eq!(store.create_table().await.unwrap(), TableChange::Unchanged);
+    let layout = store.check_table().await.unwrap();
+    assert!(!layout.legacy_index);
 }

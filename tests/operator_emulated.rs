@@ -2,18 +2,37 @@
 //! extended in tests/support/k8s_emulator.py), the embedded DynamoDB-compatible
 //! store and the test upstream: watch-driven behaviour end to end.
 
-mod support;
-
-use support::eventually_or;
-
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tether::lease::StreamKey;
-use tether::testkit::fleet::free_port;
-use tether::testkit::upstream::TestUpstream;
+use tether_testkit::fleet::free_port;
+use tether_testkit::store::{endpoint, fresh_store};
+use tether_testkit::upstream::start as start_upstream;
+
+/// Polls `check` every 100 ms until it holds; panics after `limit` with
+/// `what` and whatever `explain` returns (the operator's log).
+async fn eventually_or<F, Fut>(
+    limit: Duration,
+    what: &str,
+    mut check: F,
+    explain: impl Fn() -> String,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting until {what}\n{}",
+            explain()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
 
 const PATH: &str = "/apis/tether.dev/v1alpha1/namespaces/feeds/streamconnections";
 
@@ -79,21 +98,14 @@ fn operator_command(
             "--lease-duration",
             "3s",
             "--heartbeat-interval",
-            "500ms",
+            "750ms",
             "--reconcile-interval",
             "200ms",
         ])
-        .args([
-            "--max-clock-skew",
-            "500ms",
-            "--fence-margin",
-            "300ms",
-            "--status-refresh",
-            "500ms",
-        ])
+        .args(["--fence-margin", "500ms", "--status-refresh", "500ms"])
         .args(["--metrics-addr", &free_port().unwrap().to_string()])
         .env("KUBECONFIG", kubeconfig(dir, api_server))
-        .env("AWS_ENDPOINT_URL_DYNAMODB", support::endpoint().0)
+        .env("AWS_ENDPOINT_URL_DYNAMODB", endpoint().0)
         .env("AWS_REGION", "us-east-1")
         .env("AWS_ACCESS_KEY_ID", "x")
         .env("AWS_SECRET_ACCESS_KEY", "x");
@@ -111,8 +123,8 @@ async fn get(http: &reqwest::Client, url: &str) -> Option<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
     let emulator = start_emulator();
-    let store = support::fresh_store(None).await;
-    let upstream = TestUpstream::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
+    let store = fresh_store(None).await;
+    let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -224,7 +236,12 @@ async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
         Duration::from_secs(30),
         "the object and its item are gone",
         || async {
-            get(&http, &object_url).await.is_none() && store.get(&key).await.unwrap().is_none()
+            get(&http, &object_url).await.is_none()
+                && store
+                    .get(&key)
+                    .await
+                    .unwrap()
+                    .is_some_and(|r| r.is_tombstone())
         },
         diagnostics,
     )
@@ -263,7 +280,7 @@ async fn the_operator_exits_with_a_clear_error_when_the_crd_is_missing() {
     let out = Command::new(env!("CARGO_BIN_EXE_tether"))
         .args(["operator", "--metrics-addr", "127.0.0.1:0"])
         .env("KUBECONFIG", kubeconfig(dir.path(), &emulator.url))
-        .env("AWS_ENDPOINT_URL_DYNAMODB", support::endpoint().0)
+        .env("AWS_ENDPOINT_URL_DYNAMODB", endpoint().0)
         .env("AWS_REGION", "us-east-1")
         .output()
         .unwrap();
@@ -295,8 +312,8 @@ fn start_emulator_without_crd() -> Emulator {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_secrets_are_read_at_connect_time_and_never_stored_or_logged() {
     let emulator = start_emulator();
-    let store = support::fresh_store(None).await;
-    let upstream = TestUpstream::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
+    let store = fresh_store(None).await;
+    let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -1,63 +1,41 @@
-//! Load follows the fleet: fair-share rebalancing with real worker processes,
-//! and the Prometheus endpoint an HPA reads.
-
-mod support;
-
-use support::eventually;
+//! Load follows the fleet: fair-share rebalancing with real worker
+//! processes, and the Prometheus endpoint an HPA reads.
 
 use nix::sys::signal::Signal;
-use serde_json::json;
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
-use tether::crd::StreamConnectionSpec;
-use tether::lease::{StreamKey, now_ms};
-use tether::testkit::sink::RecordingSink;
-use tether::testkit::upstream::TestUpstream;
+use tether_testkit::bed::{Bed, BedOptions};
+use tether_testkit::fixtures::log_spec;
 
-fn loopback() -> SocketAddr {
-    SocketAddr::from((Ipv4Addr::LOCALHOST, 0))
-}
+const EXE: &str = env!("CARGO_BIN_EXE_tether");
 
-async fn load(store: &tether::lease::LeaseStore) -> HashMap<String, usize> {
-    let now = now_ms();
+async fn load(bed: &Bed) -> HashMap<String, usize> {
     let mut load = HashMap::new();
-    for r in store.list().await.unwrap() {
-        if let Some(owner) = r.live_owner(now) {
-            *load.entry(owner.to_string()).or_insert(0) += 1;
-        }
+    for owner in bed.owners().await.into_values() {
+        *load.entry(owner).or_insert(0) += 1;
     }
     load
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared() {
-    let store = support::fresh_store(None).await;
-    let upstream = TestUpstream::start(loopback(), 10).await.unwrap();
-    let sink = RecordingSink::start(loopback()).await.unwrap();
-    let logs = tempfile::tempdir().unwrap();
-    let fleet = support::fleet(&store, logs.path());
-    let names: Vec<String> = (0..30).map(|i| format!("r{i:02}")).collect();
-    for n in &names {
-        let spec: StreamConnectionSpec = serde_json::from_value(json!({
-            "url": upstream.url(n),
-            "sequence": {"pointer": "/seq"},
-            "sink": {"http": {"url": sink.url(), "lingerMs": 20}},
-        }))
-        .unwrap();
-        store
-            .upsert_desired(&spec.to_desired(StreamKey::new("rb", n.as_str()), 1))
-            .await
-            .unwrap();
-    }
-    let _a = fleet.spawn("a").unwrap();
-    let _b = fleet.spawn("b").unwrap();
+    let bed = Bed::start(
+        EXE,
+        BedOptions {
+            rate: 10,
+            ..BedOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let names = bed.apply("r", 30).await.unwrap();
+    let _a = bed.fleet.spawn("a").unwrap();
+    let _b = bed.fleet.spawn("b").unwrap();
     let balanced = |expect: usize, workers: usize| {
-        let store = store.clone();
-        let upstream = &upstream;
+        let bed = &bed;
         async move {
-            let load = load(&store).await;
-            let open = upstream.open_sessions();
+            let load = load(bed).await;
+            let open = bed.upstream.open_sessions();
             load.len() == workers
                 && load.values().all(|n| n.abs_diff(expect) <= 1)
                 && load.values().sum::<usize>() == 30
@@ -65,26 +43,28 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
                 && open.values().all(|n| *n == 1)
         }
     };
-    eventually(
+    Bed::wait(
         Duration::from_secs(30),
         "two workers hold 15 ± 1 each",
         || balanced(15, 2),
     )
-    .await;
+    .await
+    .unwrap();
 
-    let mut c = fleet.spawn("c").unwrap();
-    eventually(
+    let mut c = bed.fleet.spawn("c").unwrap();
+    Bed::wait(
         Duration::from_secs(30),
         "three workers hold 10 ± 1 each",
         || balanced(10, 3),
     )
-    .await;
+    .await
+    .unwrap();
     // Stable: nothing keeps moving once balanced.
-    let before = upstream.sessions().len();
+    let before = bed.upstream.sessions().len();
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(balanced(10, 3).await);
     assert!(
-        upstream.sessions().len() - before <= 2,
+        bed.upstream.sessions().len() - before <= 2,
         "a balanced fleet keeps churning"
     );
     let metrics = c.metrics().await.unwrap();
@@ -92,47 +72,40 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
 
     c.signal(Signal::SIGTERM).unwrap();
     assert!(c.wait(Duration::from_secs(10)).await.unwrap().success());
-    eventually(
+    Bed::wait(
         Duration::from_secs(30),
         "the remaining two share the streams",
         || balanced(15, 2),
     )
-    .await;
-
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let overlaps = upstream.overlaps();
-    assert!(
-        overlaps.is_empty(),
-        "overlapping sessions during rebalancing: {overlaps:#?}"
-    );
-    for n in &names {
-        let log = sink.log(&format!("rb/{n}"));
-        assert!(log.max_seq() > 0, "{n} received nothing");
-        assert_eq!(log.gaps(1), Vec::<u64>::new(), "{n}: gaps");
-    }
-    assert_eq!(sink.stale_messages(), 0);
+    bed.assert_safe(&names, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_parse_as_prometheus_text_with_the_documented_names_and_types() {
-    let store = support::fresh_store(None).await;
-    let upstream = TestUpstream::start(loopback(), 10).await.unwrap();
-    let logs = tempfile::tempdir().unwrap();
-    let fleet = support::fleet(&store, logs.path());
-    let spec: StreamConnectionSpec =
-        serde_json::from_value(json!({"url": upstream.url("m"), "sink": {"log": {}}})).unwrap();
-    store
-        .upsert_desired(&spec.to_desired(StreamKey::new("m", "m"), 1))
+    let bed = Bed::start(
+        EXE,
+        BedOptions {
+            rate: 10,
+            ..BedOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    bed.apply_spec("m", &log_spec(&bed.upstream.url("m")), 1)
         .await
         .unwrap();
-    let worker = fleet.spawn("m").unwrap();
-    eventually(
+    let worker = bed.fleet.spawn("m").unwrap();
+    Bed::wait(
         Duration::from_secs(20),
         "the stream is connected",
-        || async { upstream.open_sessions().get("m") == Some(&1) },
+        || async { bed.upstream.open_sessions().get("m") == Some(&1) },
     )
-    .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let text = worker.metrics().await.unwrap();
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
     let kind = |name: &str| {
@@ -149,23 +122,27 @@ async fn metrics_parse_as_prometheus_text_with_the_documented_names_and_types() 
             .unwrap_or_else(|| format!("missing {name}"))
     };
     assert_eq!(kind("tether_active_connections"), "gauge 1");
-    assert_eq!(kind("tether_leases_held"), "gauge 1");
-    assert!(
-        kind("tether_lease_acquires_total").starts_with("counter"),
-        "{}",
-        kind("tether_lease_acquires_total")
-    );
-    assert!(kind("tether_lease_renewals_total").starts_with("counter"));
-    assert!(kind("tether_messages_received_total").starts_with("counter"));
-    assert!(kind("tether_messages_delivered_total").starts_with("counter"));
-    assert!(kind("tether_sink_batches_total").starts_with("counter"));
-    assert!(kind("tether_dynamodb_requests_total").starts_with("counter"));
-    assert!(kind("tether_dynamodb_consumed_write_units_total").starts_with("counter"));
+    assert_eq!(kind("tether_sessions_connected"), "gauge 1");
+    assert_eq!(kind("tether_streams_unowned"), "gauge 0");
+    assert_eq!(kind("tether_clock_skew_exceeded"), "gauge 0");
+    for counter in [
+        "tether_lease_acquires_total",
+        "tether_lease_renewals_total",
+        "tether_messages_received_total",
+        "tether_messages_delivered_total",
+        "tether_dynamodb_requests_total",
+        "tether_dynamodb_consumed_write_units_total",
+    ] {
+        assert!(
+            kind(counter).starts_with("counter"),
+            "{counter}: {}",
+            kind(counter)
+        );
+    }
     assert_eq!(
         kind("tether_dynamodb_request_duration_seconds"),
         "histogram"
     );
-    assert_eq!(kind("tether_sink_batch_duration_seconds"), "histogram");
     assert_eq!(kind("tether_build_info"), "gauge 1");
     // No per-stream labels anywhere.
     for s in &scrape.samples {
@@ -177,8 +154,6 @@ async fn metrics_parse_as_prometheus_text_with_the_documented_names_and_types() 
             );
         }
     }
-    let (status, _) = worker.get("/healthz").await.unwrap();
-    assert_eq!(status, 200);
-    let (status, _) = worker.get("/readyz").await.unwrap();
-    assert_eq!(status, 200);
+    assert_eq!(worker.get("/healthz").await.unwrap().0, 200);
+    assert_eq!(worker.get("/readyz").await.unwrap().0, 200);
 }

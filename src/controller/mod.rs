@@ -9,7 +9,10 @@
 pub mod status;
 
 use crate::crd::{DesiredStateSpec, StreamConnection, StreamConnectionStatus};
-use crate::lease::{LeaseStore, StoreError, StreamKey, now_ms};
+use crate::lease::{
+    LeaseStore, ResourceIdentity, StoreError, StreamKey, TombstoneOutcome, UpsertOutcome,
+    UpsertRefusal,
+};
 use futures::StreamExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -29,8 +32,8 @@ pub const FINALIZER: &str = "tether.dev/lease-cleanup";
 pub const FIELD_MANAGER: &str = "tether-controller";
 /// Progress-only changes (checkpoint, lease expiry) are written at most this often.
 pub const PROGRESS_WRITE_INTERVAL: Duration = Duration::from_secs(60);
-/// How long deletion waits for the owner to release before deleting anyway (the
-/// owner's next renewal then fails and it closes the session).
+/// How long deletion waits for the owner to release before deleting anyway
+/// (the owner is told through its inbox, and releases).
 pub const RELEASE_WAIT: Duration = Duration::from_secs(30);
 /// Retry delay while waiting for a release.
 const RELEASE_POLL: Duration = Duration::from_secs(1);
@@ -129,6 +132,17 @@ pub async fn reconcile(obj: Arc<StreamConnection>, ctx: Arc<Context>) -> Result<
     }
 }
 
+/// The resource's identity, so the table can tell resources of one name apart.
+fn resource_of(obj: &StreamConnection) -> Option<ResourceIdentity> {
+    let uid = obj.metadata.uid.clone()?;
+    let created_ms = obj
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_millisecond().max(0) as u64);
+    Some(ResourceIdentity { uid, created_ms })
+}
+
 /// Validate → mirror → status.
 async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
     let key = StreamKey::new(obj.namespace().unwrap_or_default(), obj.name_any());
@@ -139,7 +153,7 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join("; ");
-        let status = status::compute(obj, None, now_ms(), Some(&message));
+        let status = status::compute(obj, None, Some(&message), None);
         if write_status(obj, ctx, status, true).await? {
             publish(
                 ctx,
@@ -155,51 +169,85 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     let generation = obj.metadata.generation.unwrap_or(1);
-    ctx.store
-        .upsert_desired(&obj.spec.to_desired(key.clone(), generation))
+    let outcome = ctx
+        .store
+        .upsert_desired(
+            &obj.spec
+                .to_desired(key.clone(), generation, resource_of(obj)),
+        )
         .await?;
-    let record = ctx.store.get(&key).await?;
-    let status = status::compute(obj, record.as_ref(), now_ms(), None);
+    let refused = match outcome {
+        UpsertOutcome::Refused { reason } => Some(match reason {
+            UpsertRefusal::StaleGeneration { stored } => format!(
+                "the lease table holds generation {stored} of this resource, newer than {generation}; not overwritten"
+            ),
+            UpsertRefusal::NewerResource { stored_uid } => format!(
+                "the lease table holds {key} for a newer resource (uid {stored_uid}); not overwritten"
+            ),
+            UpsertRefusal::Deleted => {
+                "this resource was deleted from the lease table; not resurrected".to_string()
+            }
+        }),
+        _ => None,
+    };
+    let view = ctx.store.view(&key).await?;
+    let status = status::compute(obj, view.as_ref(), None, refused.as_deref());
     let previous = obj.status.clone();
     let significant = status::significant_change(previous.as_ref(), &status);
     if write_status(obj, ctx, status.clone(), significant).await? {
+        if let Some(message) = &refused {
+            publish(
+                ctx,
+                obj,
+                EventType::Warning,
+                "MirrorRefused",
+                message,
+                "Mirror",
+            )
+            .await;
+        }
         announce(ctx, obj, previous.as_ref(), &status).await;
     }
     Ok(Action::requeue(ctx.status_refresh))
 }
 
-/// Mark STOPPED, wait for the release (bounded), delete the item.
+/// Mark STOPPED, wait for the release (bounded), delete the item (a tombstone
+/// keeps the fencing token).
 async fn cleanup(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
     let key = StreamKey::new(obj.namespace().unwrap_or_default(), obj.name_any());
-    let Some(record) = ctx.store.get(&key).await? else {
+    let Some(record) = ctx.store.get(&key).await?.filter(|r| !r.is_tombstone()) else {
         return Ok(Action::await_change());
     };
+    // Another resource of this name owns the item now: leave it alone.
+    if record.uid.is_some() && record.uid != obj.metadata.uid {
+        return Ok(Action::await_change());
+    }
     if record.desired_state != crate::lease::DesiredState::Stopped {
         let mut spec = obj.spec.clone();
         spec.desired_state = DesiredStateSpec::Stopped;
         let generation = obj.metadata.generation.unwrap_or(1).max(record.generation);
         ctx.store
-            .upsert_desired(&spec.to_desired(key.clone(), generation))
+            .upsert_desired(&spec.to_desired(key.clone(), generation, resource_of(obj)))
             .await?;
     }
-    if let Some(owner) = record.live_owner(now_ms()) {
-        let waited = obj
-            .metadata
-            .deletion_timestamp
-            .as_ref()
-            .map(|t| {
-                let since = k8s_openapi::jiff::Timestamp::now().duration_since(t.0);
-                Duration::try_from(since).unwrap_or_default()
-            })
-            .unwrap_or_default();
-        if waited < RELEASE_WAIT {
-            return Err(Error::WaitingForRelease {
-                owner: owner.to_string(),
-            });
-        }
-        tracing::warn!(stream = %key, owner, "owner did not release in time; deleting the item anyway");
+    let alive = ctx.store.owner_alive(&record).await?;
+    let waited = obj
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| {
+            let since = k8s_openapi::jiff::Timestamp::now().duration_since(t.0);
+            Duration::try_from(since).unwrap_or_default()
+        })
+        .unwrap_or_default();
+    let force = waited >= RELEASE_WAIT;
+    match ctx.store.tombstone(&key, alive, force).await? {
+        TombstoneOutcome::StillOwned { owner } => return Err(Error::WaitingForRelease { owner }),
+        TombstoneOutcome::Deleted | TombstoneOutcome::NotFound => {}
     }
-    ctx.store.delete(&key).await?;
+    if force && alive {
+        tracing::warn!(stream = %key, "owner did not release in time; deleted anyway (the owner is told and stops)");
+    }
     lock(&ctx.last_write).remove(&key.to_string());
     publish(
         ctx,
@@ -264,7 +312,8 @@ async fn announce(
         publish(ctx, obj, EventType::Normal, "Acquired", &note, "Acquire").await;
     }
     let old_phase = old.and_then(|s| s.phase.clone());
-    if new.phase.as_deref() == Some("Failed") && old_phase.as_deref() != Some("Failed") {
+    let failed = Some(crate::lease::Phase::Failed.as_str());
+    if new.phase.as_deref() == failed && old_phase.as_deref() != failed {
         let message = new
             .conditions
             .iter()

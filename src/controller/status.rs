@@ -2,7 +2,7 @@
 //! every rule here is unit-tested without an API server.
 
 use crate::crd::{StreamConnection, StreamConnectionStatus};
-use crate::lease::{DesiredState, StreamRecord};
+use crate::lease::{DesiredState, Phase, StreamView};
 use chrono::{DateTime, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -15,12 +15,12 @@ fn rfc3339(ms: u64) -> Option<String> {
 }
 
 /// What the status should be. `invalid` carries the validation message of a
-/// spec that was not mirrored.
+/// spec that was not mirrored; `refused` why the table refused the mirror.
 pub fn compute(
     obj: &StreamConnection,
-    record: Option<&StreamRecord>,
-    now_ms: u64,
+    view: Option<&StreamView>,
     invalid: Option<&str>,
+    refused: Option<&str>,
 ) -> StreamConnectionStatus {
     let generation = obj.metadata.generation;
     let previous = obj.status.as_ref();
@@ -28,8 +28,14 @@ pub fn compute(
         observed_generation: generation,
         ..Default::default()
     };
+    let not_mirrored = |reason: &str, message: &str| {
+        (
+            (false, reason.to_string(), message.to_string()),
+            (false, reason.to_string(), message.to_string()),
+        )
+    };
     let (ready, owned) = if let Some(message) = invalid {
-        status.phase = Some("Failed".into());
+        status.phase = Some(Phase::Failed.to_string());
         (
             (false, "InvalidSpec".to_string(), message.to_string()),
             (
@@ -38,41 +44,37 @@ pub fn compute(
                 "the spec is invalid; nothing was mirrored to the lease table".to_string(),
             ),
         )
-    } else if let Some(r) = record {
-        let owner = r.live_owner(now_ms).map(str::to_string);
+    } else if let Some(message) = refused {
+        status.phase = Some(Phase::Failed.to_string());
+        not_mirrored("MirrorRefused", message)
+    } else if let Some(v) = view {
+        let r = &v.record;
+        let owner = v.live_owner();
         let session = r.status.as_ref();
-        let phase = match (&owner, r.desired_state) {
-            (None, DesiredState::Stopped) => "Stopped".to_string(),
-            (None, DesiredState::Started) => "Pending".to_string(),
-            (Some(_), _) => session
-                .map(|s| s.phase.clone())
-                .unwrap_or_else(|| "Pending".into()),
+        let phase = match (owner, r.desired_state) {
+            (None, DesiredState::Stopped) => Phase::Stopped,
+            (None, DesiredState::Started) => Phase::Pending,
+            (Some(_), _) => session.map_or(Phase::Pending, |s| s.phase),
         };
-        let reason = session
-            .and_then(|s| s.reason.clone())
-            .filter(|s| !s.is_empty());
-        let message = session
-            .and_then(|s| s.message.clone())
-            .filter(|s| !s.is_empty());
-        status.last_seq = r.last_seq;
-        if let Some(owner) = &owner {
-            status.lease_expires_at = rfc3339(r.lease_expires_at_ms);
+        let reason = session.and_then(|s| s.reason.clone());
+        let message = session.and_then(|s| s.message.clone());
+        status.last_seq = v.checkpoint;
+        if let Some(owner) = owner {
+            status.lease_expires_at = owner.until_ms.and_then(rfc3339);
             status.reconnects = session.map(|s| s.reconnects);
-            if phase == "Connected" {
-                status.connected_since = session
-                    .and_then(|s| s.connected_since_ms)
-                    .filter(|ms| *ms > 0)
-                    .and_then(rfc3339);
+            if phase == Phase::Connected {
+                status.connected_since =
+                    session.and_then(|s| s.connected_since_ms).and_then(rfc3339);
             }
-            status.owner = Some(owner.clone());
+            status.owner = Some(owner.worker_id.clone());
         }
-        let ready = match phase.as_str() {
-            "Connected" => (
+        let ready = match phase {
+            Phase::Connected => (
                 true,
                 "Connected".to_string(),
                 message.unwrap_or_else(|| "the upstream session is open".into()),
             ),
-            "Stopped" => (
+            Phase::Stopped => (
                 false,
                 "Stopped".to_string(),
                 "desiredState is Stopped".to_string(),
@@ -81,17 +83,17 @@ pub fn compute(
                 false,
                 reason.unwrap_or_else(|| other.to_string()),
                 message.unwrap_or_else(|| match other {
-                    "Pending" => "waiting for a worker to acquire the stream".into(),
-                    "Connecting" => "connecting to the upstream".into(),
+                    Phase::Pending => "waiting for a worker to acquire the stream".into(),
+                    Phase::Connecting => "connecting to the upstream".into(),
                     _ => format!("phase {other}"),
                 }),
             ),
         };
-        let owned = match (&owner, r.desired_state) {
+        let owned = match (owner, r.desired_state) {
             (Some(o), _) => (
                 true,
                 "LeaseHeld".to_string(),
-                format!("held by {o} (fencing token {})", r.lease_counter),
+                format!("held by {} (fencing token {})", o.owner, r.lease_counter),
             ),
             (None, DesiredState::Stopped) => (
                 false,
@@ -101,25 +103,14 @@ pub fn compute(
             (None, DesiredState::Started) => (
                 false,
                 "NoOwner".to_string(),
-                "no worker holds the lease yet".into(),
+                "no worker holds the stream yet".into(),
             ),
         };
-        status.phase = Some(phase);
+        status.phase = Some(phase.to_string());
         (ready, owned)
     } else {
-        status.phase = Some("Pending".into());
-        (
-            (
-                false,
-                "NotMirrored".to_string(),
-                "not yet in the lease table".to_string(),
-            ),
-            (
-                false,
-                "NotMirrored".to_string(),
-                "not yet in the lease table".to_string(),
-            ),
-        )
+        status.phase = Some(Phase::Pending.to_string());
+        not_mirrored("NotMirrored", "not yet in the lease table")
     };
     status.conditions = vec![
         condition(READY, ready, generation, previous),
@@ -185,7 +176,9 @@ pub fn significant_change(
 mod tests {
     use super::*;
     use crate::crd::StreamConnectionSpec;
-    use crate::lease::{SessionStatus, StreamKey};
+    use crate::lease::{
+        Incarnation, OWNED_EXPIRY_MS, OwnerView, SessionStatus, StreamKey, StreamRecord,
+    };
 
     fn obj() -> StreamConnection {
         let mut o = StreamConnection::new("feed", StreamConnectionSpec::test("ws://x/"));
@@ -194,25 +187,41 @@ mod tests {
         o
     }
 
-    fn record(owner: Option<&str>, expires: u64, phase: &str) -> StreamRecord {
-        StreamRecord {
-            key: StreamKey::new("ns", "feed"),
-            desired_state: DesiredState::Started,
-            ws_url: "ws://x/".into(),
-            spec: None,
-            generation: 4,
-            lease_owner: owner.map(Into::into),
-            lease_expires_at_ms: expires,
-            lease_counter: 7,
-            last_seq: Some(42),
-            released_at_ms: None,
-            created_at_ms: None,
-            status: Some(SessionStatus {
-                phase: phase.into(),
-                connected_since_ms: Some(1_000),
-                reconnects: 2,
-                ..Default::default()
+    fn view(owner: Option<(&str, bool)>, phase: Phase) -> StreamView {
+        let inc = owner.map(|(id, _)| Incarnation::parse(&format!("{id}~1")).unwrap());
+        StreamView {
+            record: StreamRecord {
+                key: StreamKey::new("ns", "feed"),
+                desired_state: DesiredState::Started,
+                ws_url: "ws://x/".into(),
+                spec: None,
+                generation: 4,
+                uid: None,
+                resource_created_ms: None,
+                lease_owner: inc.as_ref().map(ToString::to_string),
+                lease_expires_at_ms: if inc.is_some() { OWNED_EXPIRY_MS } else { 0 },
+                lease_counter: 7,
+                last_seq: Some(40),
+                holder: None,
+                released_at_ms: None,
+                release_reason: None,
+                created_at_ms: None,
+                deleted_at_ms: None,
+                served_generation: Some(4),
+                status: Some(SessionStatus {
+                    phase,
+                    connected_since_ms: Some(1_000),
+                    reconnects: 2,
+                    ..Default::default()
+                }),
+            },
+            owner: owner.zip(inc).map(|((id, alive), inc)| OwnerView {
+                owner: inc.to_string(),
+                worker_id: id.to_string(),
+                alive,
+                until_ms: Some(10_000),
             }),
+            checkpoint: Some(42),
         }
     }
 
@@ -221,16 +230,20 @@ mod tests {
     }
 
     #[test]
-    fn a_connected_stream_is_ready_and_owned() {
+    fn a_connected_stream_is_ready_and_owned_with_the_freshest_checkpoint() {
         let s = compute(
             &obj(),
-            Some(&record(Some("w1"), 10_000, "Connected")),
-            5_000,
+            Some(&view(Some(("w1", true)), Phase::Connected)),
+            None,
             None,
         );
         assert_eq!(s.phase.as_deref(), Some("Connected"));
         assert_eq!(s.owner.as_deref(), Some("w1"));
-        assert_eq!(s.last_seq, Some(42));
+        assert_eq!(
+            s.last_seq,
+            Some(42),
+            "the owner's packed checkpoint is ahead of the item"
+        );
         assert_eq!(s.observed_generation, Some(4));
         assert_eq!(s.lease_expires_at.as_deref(), Some("1970-01-01T00:00:10Z"));
         assert_eq!(cond(&s, READY).status, "True");
@@ -238,11 +251,11 @@ mod tests {
     }
 
     #[test]
-    fn an_expired_lease_means_no_owner_and_pending() {
+    fn a_dead_owner_means_no_owner_and_pending() {
         let s = compute(
             &obj(),
-            Some(&record(Some("w1"), 4_000, "Connected")),
-            5_000,
+            Some(&view(Some(("w1", false)), Phase::Connected)),
+            None,
             None,
         );
         assert_eq!(
@@ -258,8 +271,8 @@ mod tests {
         let s = compute(
             &obj(),
             None,
-            0,
             Some("spec.url: must be a ws:// or wss:// URL with a host"),
+            None,
         );
         assert_eq!(s.phase.as_deref(), Some("Failed"));
         assert_eq!(cond(&s, READY).reason, "InvalidSpec");
@@ -267,11 +280,24 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_mirror_is_not_ready() {
+        let s = compute(
+            &obj(),
+            Some(&view(None, Phase::Pending)),
+            None,
+            Some("the table holds generation 9"),
+        );
+        assert_eq!(cond(&s, READY).reason, "MirrorRefused");
+        assert_eq!(cond(&s, READY).status, "False");
+    }
+
+    #[test]
     fn backoff_carries_the_worker_s_reason_and_message() {
-        let mut r = record(Some("w1"), 10_000, "Backoff");
-        r.status.as_mut().unwrap().reason = Some("TLSError".into());
-        r.status.as_mut().unwrap().message = Some("TLS handshake with x failed".into());
-        let s = compute(&obj(), Some(&r), 5_000, None);
+        let mut v = view(Some(("w1", true)), Phase::Backoff);
+        let st = v.record.status.as_mut().unwrap();
+        st.reason = Some("TLSError".into());
+        st.message = Some("TLS handshake with x failed".into());
+        let s = compute(&obj(), Some(&v), None, None);
         assert_eq!(cond(&s, READY).reason, "TLSError");
         assert_eq!(cond(&s, READY).message, "TLS handshake with x failed");
     }
@@ -280,15 +306,15 @@ mod tests {
     fn transition_times_survive_unchanged_conditions_and_progress_is_not_significant() {
         let first = compute(
             &obj(),
-            Some(&record(Some("w1"), 10_000, "Connected")),
-            5_000,
+            Some(&view(Some(("w1", true)), Phase::Connected)),
+            None,
             None,
         );
         let mut o = obj();
         o.status = Some(first.clone());
-        let mut later = record(Some("w1"), 20_000, "Connected");
-        later.last_seq = Some(99);
-        let second = compute(&o, Some(&later), 15_000, None);
+        let mut later = view(Some(("w1", true)), Phase::Connected);
+        later.checkpoint = Some(99);
+        let second = compute(&o, Some(&later), None, None);
         assert_eq!(
             cond(&first, READY).last_transition_time,
             cond(&second, READY).last_transition_time
@@ -299,8 +325,8 @@ mod tests {
         );
         let third = compute(
             &o,
-            Some(&record(Some("w2"), 20_000, "Connected")),
-            15_000,
+            Some(&view(Some(("w2", true)), Phase::Connected)),
+            None,
             None,
         );
         assert!(

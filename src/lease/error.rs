@@ -34,6 +34,10 @@ pub enum StoreError {
         "no AWS region configured: set AWS_REGION (or AWS_ENDPOINT_URL_DYNAMODB for a local store)"
     )]
     NoRegion,
+    #[error(
+        "table '{table}' was created by tether 0.1 and lacks the by_holder index: run `tether table create --table {table}` to upgrade it in place"
+    )]
+    NeedsUpgrade { table: String },
     #[error("table '{table}' item '{pk}' is malformed: {detail}")]
     Malformed {
         table: String,
@@ -55,6 +59,7 @@ impl StoreError {
             Self::Rejected { .. } => "rejected",
             Self::NoRegion => "no_region",
             Self::Malformed { .. } => "malformed",
+            Self::NeedsUpgrade { .. } => "needs_upgrade",
         }
     }
 }

@@ -1,8 +1,16 @@
 //! The HTTP sink: POST a JSON batch; 2xx acknowledges it.
+//!
+//! The fenced signal of the sink contract is HTTP 409 *with* the response
+//! header `Tether-Fenced: true`: "a newer owner (a higher token) has delivered
+//! for this stream". A plain 409 (many sinks answer it for a duplicate, normal
+//! after a replay) is an ordinary delivery error and is retried.
 
 use super::{Batch, SinkError};
 use crate::crd::HttpSinkSpec;
 use std::time::Duration;
+
+/// Response header that, with HTTP 409, means "a newer owner exists".
+pub const FENCED_HEADER: &str = "tether-fenced";
 
 pub struct HttpSink {
     client: reqwest::Client,
@@ -40,18 +48,17 @@ impl HttpSink {
             .send()
             .await
             .map_err(|e| SinkError::Transport(root_cause(&e)))?;
+        let fenced = response
+            .headers()
+            .get(FENCED_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
         match response.status().as_u16() {
             200..=299 => Ok(()),
-            409 => Err(SinkError::Fenced),
+            409 if fenced => Err(SinkError::Fenced),
             status => Err(SinkError::Status { status }),
         }
     }
 }
 
-fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut current = err;
-    while let Some(next) = current.source() {
-        current = next;
-    }
-    current.to_string()
-}
+use crate::lease::root_cause;

@@ -4,7 +4,7 @@
 mod http;
 mod log;
 
-pub use http::HttpSink;
+pub use http::{FENCED_HEADER, HttpSink};
 pub use log::LogSink;
 
 use crate::crd::SinkSpec;
@@ -33,7 +33,7 @@ pub struct Batch<'a> {
 pub enum SinkError {
     #[error("sink answered HTTP {status}")]
     Status { status: u16 },
-    #[error("sink refused the fencing token (HTTP 409): a newer owner exists")]
+    #[error("sink refused the fencing token (HTTP 409, Tether-Fenced: true): a newer owner exists")]
     Fenced,
     #[error("sink unreachable: {0}")]
     Transport(String),

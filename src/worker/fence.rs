@@ -1,82 +1,115 @@
-//! Self-fencing: the local, monotonic-clock bound on how long a worker may act
-//! for a lease without a confirmed renewal.
+//! Self-fencing: the local, monotonic-clock bound on how long this worker may
+//! act for its streams without a confirmed renewal of its worker item.
 //!
-//! A renewal sent at instant `t` and confirmed by DynamoDB extends the lease to at
-//! least `t + lease_duration` in *everybody's* wall-clock time, give or take the
-//! skew between clocks. So this worker may act until `t + window`, with
-//! `window = lease_duration - max_clock_skew - margin`, and no other worker can
-//! acquire before then. The deadline is measured on the monotonic clock, so a
-//! process that was paused (SIGSTOP, a long GC-like stall, a VM freeze) wakes up
-//! already fenced instead of trusting a stale lease.
+//! A renewal sent at instant `t` and confirmed makes the incarnation provably
+//! alive to every peer that reads the new version afterwards; a peer declares
+//! it dead only after watching the version stand still for a whole lease on
+//! its own monotonic clock, starting no earlier than `t`. So this worker may
+//! act until `t + window`, with `window = lease_duration - fence_margin`, and
+//! no peer can take its streams before then. The deadline is on the monotonic
+//! clock, so a process that was paused (SIGSTOP, a VM freeze) wakes up already
+//! fenced, and wall-clock skew plays no part.
+//!
+//! One fence per worker bounds everything: every session watches it, every
+//! sink delivery and every backoff sleep is raced against it, in every state
+//! (serving, draining, handing over, stopping).
 
-use std::sync::Mutex;
 use std::time::Duration;
-use tokio::time::Instant;
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
 
-/// The fence of one lease.
+/// The fence of one worker incarnation.
 #[derive(Debug)]
 pub struct Fence {
     window: Duration,
-    /// `None` once revoked (lease lost or fenced): never valid again.
-    deadline: Mutex<Option<Instant>>,
+    /// `None` once revoked (the incarnation was declared dead): never valid again.
+    deadline: watch::Sender<Option<Instant>>,
 }
 
 impl Fence {
-    /// A fence for a lease whose acquire was sent at `sent_at`.
+    /// A fence for an incarnation whose registration was sent at `sent_at`.
     pub fn new(window: Duration, sent_at: Instant) -> Self {
         Self {
             window,
-            deadline: Mutex::new(Some(sent_at + window)),
+            deadline: watch::Sender::new(Some(sent_at + window)),
         }
     }
 
     /// Records a renewal that was sent at `sent_at` and confirmed.
     pub fn confirm(&self, sent_at: Instant) {
-        let mut deadline = self.lock();
-        if let Some(d) = deadline.as_mut() {
-            *d = (*d).max(sent_at + self.window);
-        }
+        self.deadline.send_if_modified(|d| match d {
+            Some(current) if sent_at + self.window > *current => {
+                *current = sent_at + self.window;
+                true
+            }
+            _ => false,
+        });
     }
 
     /// Makes the fence permanently invalid.
     pub fn revoke(&self) {
-        *self.lock() = None;
+        self.deadline.send_replace(None);
     }
 
-    /// Whether the worker may still act (deliver, keep the session) right now.
+    /// Whether the worker may act (deliver, keep sessions) right now.
     pub fn is_valid(&self) -> bool {
-        self.lock().is_some_and(|d| Instant::now() < d)
+        self.deadline().is_some_and(|d| Instant::now() < d)
     }
 
-    /// When the fence closes; an instant in the past once revoked.
-    pub fn deadline(&self) -> Instant {
-        self.lock().unwrap_or_else(Instant::now)
+    /// When the fence closes, unless a renewal moves it; `None` once revoked.
+    pub fn deadline(&self) -> Option<Instant> {
+        *self.deadline.borrow()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
-        // A poisoned lock only means another thread panicked mid-update of a
-        // plain Instant; the value is still meaningful.
-        self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+    /// The deadline, or now when revoked: what to bound an action by.
+    pub fn bound(&self) -> Instant {
+        self.deadline().unwrap_or_else(Instant::now)
+    }
+
+    /// Resolves once the fence has closed (at once if it is closed).
+    pub async fn closed(&self) {
+        let mut rx = self.deadline.subscribe();
+        loop {
+            let deadline = *rx.borrow_and_update();
+            let Some(deadline) = deadline else { return };
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::select! {
+                _ = sleep_until(deadline) => {}
+                changed = rx.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+
+    /// Resolves once the fence is open (at once if it is). Never resolves
+    /// after a revocation.
+    pub async fn open(&self) {
+        let mut rx = self.deadline.subscribe();
+        loop {
+            if self.is_valid() {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 }
 
-/// `lease_duration - max_clock_skew - margin`, or an error when that leaves no
-/// room for at least two renewals.
+/// `lease_duration - fence_margin`, or an error when that leaves no room for
+/// at least two renewals (one failed renewal must not fence a worker).
 pub fn fence_window(
     lease_duration: Duration,
-    max_clock_skew: Duration,
-    margin: Duration,
+    fence_margin: Duration,
     heartbeat_interval: Duration,
 ) -> Result<Duration, String> {
-    let window = lease_duration
-        .checked_sub(max_clock_skew)
-        .and_then(|d| d.checked_sub(margin))
-        .unwrap_or_default();
-    if window < heartbeat_interval * 2 {
+    let window = lease_duration.checked_sub(fence_margin).unwrap_or_default();
+    if window <= heartbeat_interval + heartbeat_interval / 2 {
         return Err(format!(
-            "lease duration {lease_duration:?} minus clock skew {max_clock_skew:?} and margin {margin:?} \
-             leaves {window:?}, less than two heartbeat intervals ({heartbeat_interval:?} each): \
-             lengthen the lease or shorten the heartbeat"
+            "lease duration {lease_duration:?} minus fence margin {fence_margin:?} leaves {window:?}, \
+             not more than 1.5 heartbeat intervals ({heartbeat_interval:?} each): lengthen the lease \
+             or shorten the heartbeat"
         ));
     }
     Ok(window)
@@ -87,23 +120,19 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn a_lease_without_confirmed_renewals_fences_itself_before_it_expires() {
+    async fn a_worker_without_confirmed_renewals_fences_itself_before_peers_may_declare_it_dead() {
         let window = fence_window(
-            Duration::from_secs(20),
-            Duration::from_secs(2),
+            Duration::from_secs(8),
             Duration::from_secs(1),
-            Duration::from_secs(5),
+            Duration::from_secs(4),
         )
         .unwrap();
-        assert_eq!(window, Duration::from_secs(17));
+        assert_eq!(window, Duration::from_secs(7));
         let fence = Fence::new(window, Instant::now());
-        tokio::time::advance(Duration::from_secs(16)).await;
+        tokio::time::advance(Duration::from_secs(6)).await;
         assert!(fence.is_valid());
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(
-            !fence.is_valid(),
-            "17 s without a confirmed renewal: fenced"
-        );
+        assert!(!fence.is_valid(), "7 s without a confirmed renewal: fenced");
     }
 
     #[tokio::test(start_paused = true)]
@@ -111,19 +140,20 @@ mod tests {
         let fence = Fence::new(Duration::from_secs(10), Instant::now());
         tokio::time::advance(Duration::from_secs(5)).await;
         let sent = Instant::now();
-        // The response takes 3 s: the lease is counted from the send, not the reply.
         tokio::time::advance(Duration::from_secs(3)).await;
         fence.confirm(sent);
-        assert_eq!(fence.deadline(), sent + Duration::from_secs(10));
-        // A late confirmation of an older renewal never shortens the fence.
+        assert_eq!(fence.deadline(), Some(sent + Duration::from_secs(10)));
         fence.confirm(sent - Duration::from_secs(4));
-        assert_eq!(fence.deadline(), sent + Duration::from_secs(10));
+        assert_eq!(
+            fence.deadline(),
+            Some(sent + Duration::from_secs(10)),
+            "an older confirmation never shortens the fence"
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_paused_process_wakes_up_fenced() {
         let fence = Fence::new(Duration::from_secs(10), Instant::now());
-        // Nothing ran for 30 s (SIGSTOP): the first check after waking fails.
         tokio::time::advance(Duration::from_secs(30)).await;
         assert!(!fence.is_valid());
     }
@@ -134,17 +164,42 @@ mod tests {
         fence.revoke();
         fence.confirm(Instant::now());
         assert!(!fence.is_valid());
+        fence.closed().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn closed_follows_a_moving_deadline_and_open_waits_for_a_renewal() {
+        let fence = std::sync::Arc::new(Fence::new(Duration::from_secs(10), Instant::now()));
+        let started = Instant::now();
+        let watcher = tokio::spawn({
+            let fence = fence.clone();
+            async move {
+                fence.closed().await;
+                Instant::now()
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        fence.confirm(Instant::now());
+        let closed_at = watcher.await.unwrap();
+        assert_eq!(closed_at - started, Duration::from_secs(15));
+        let reopened = tokio::spawn({
+            let fence = fence.clone();
+            async move { fence.open().await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!reopened.is_finished());
+        fence.confirm(Instant::now());
+        reopened.await.unwrap();
     }
 
     #[test]
     fn settings_that_leave_no_room_for_renewals_are_refused() {
         let err = fence_window(
-            Duration::from_secs(10),
-            Duration::from_secs(2),
+            Duration::from_secs(6),
             Duration::from_secs(1),
-            Duration::from_secs(5),
+            Duration::from_secs(4),
         )
         .unwrap_err();
-        assert!(err.contains("two heartbeat intervals"), "{err}");
+        assert!(err.contains("heartbeat"), "{err}");
     }
 }

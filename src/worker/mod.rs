@@ -1,121 +1,76 @@
-//! The worker: finds orphaned streams, acquires them by conditional write, and
-//! runs one task per owned stream (lease holder + session). On shutdown it stops
-//! acquiring, drains every session, and releases every lease.
+//! The worker: one incarnation at a time registers its worker item, renews it
+//! every heartbeat (liveness task), acquires streams (acquirer task), and runs
+//! one holder task per held stream. On shutdown it stops acquiring, drains
+//! every session within a bound, releases every stream with its last
+//! acknowledged checkpoint, audits its own partitions, and leaves. If a peer
+//! declares it dead (it was cut off longer than a lease), everything it held
+//! has moved: it starts over as a new incarnation.
 
+pub mod acquirer;
+pub mod checkpoints;
+pub mod delivery;
+pub mod error;
 pub mod fence;
+pub mod fleet;
+pub mod holder;
+pub mod liveness;
+pub mod observer;
 pub mod policy;
-pub mod rebalance;
+pub mod progress;
+pub mod registry;
+pub mod restart;
 pub mod secrets;
 pub mod session;
-pub mod stream;
+pub mod settings;
 pub mod transport;
 
-use crate::config::WorkerArgs;
 use crate::http::Health;
-use crate::lease::{AcquireOutcome, LeaseStore, StreamKey, now_ms};
+use crate::lease::{Incarnation, LeaseStore, OwnerWrite, ReleaseReason, SessionStatus, StoreError};
 use crate::metrics::WorkerMetrics;
-use rand::Rng;
-use rand::seq::SliceRandom;
+use acquirer::{Acquired, Acquirer};
+pub use error::WorkerError;
+use fence::Fence;
+use holder::{Holder, HolderEnd};
+use liveness::{Liveness, LivenessEnd};
+use registry::Registry;
+use restart::PodLookup;
 use session::SessionDeps;
+pub use settings::WorkerSettings;
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use stream::{StreamEnd, StreamSignals};
+use tokio::sync::{Notify, mpsc};
 use tokio::task::{Id, JoinSet};
-use tokio::time::{Instant, sleep_until, timeout};
+use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+use transport::Dialer;
 
-/// Timeout of one sink HTTP request unless the spec sets its own.
+/// Connect timeout of the sink HTTP client.
 const HTTP_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// A worker at or above its fair share leaves streams that were released for
-/// rebalancing this long to workers below it before taking them itself (so the
-/// load goes to the new workers, and the releasing worker does not take it back).
-const ORPHAN_GRACE_INTERVALS: u64 = 4;
-/// A worker at or above its fair share leaves streams released on shutdown (or
-/// never owned) this many reconcile intervals to workers below it.
-const SHARE_GRACE_INTERVALS: u64 = 2;
-/// Fraction of the reconcile interval used as jitter (±), so a fleet that started
-/// together does not query and acquire in lockstep.
-const RECONCILE_JITTER: f64 = 0.25;
+/// How long the sink HTTP client keeps idle connections.
+const HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Releases are announced (the worker item's `released_at_ms`) at most this
+/// often, however many streams are released.
+const RELEASE_MARKER_DEBOUNCE: Duration = Duration::from_millis(50);
+/// Wait between registration attempts when DynamoDB does not answer at start.
+const REGISTER_RETRY: Duration = Duration::from_secs(1);
+/// Pause before a dead incarnation starts over (its streams are moving).
+const RESTART_PAUSE: Duration = Duration::from_millis(500);
 
-/// Validated worker settings.
-#[derive(Clone, Debug)]
-pub struct WorkerSettings {
-    pub worker_id: Arc<str>,
-    pub lease_duration: Duration,
-    pub heartbeat_interval: Duration,
-    pub reconcile_interval: Duration,
-    /// `lease_duration - max_clock_skew - fence_margin`.
-    pub fence_window: Duration,
-    pub max_connections: usize,
-    pub drain_timeout: Duration,
-    pub rebalance: bool,
-    /// Extra trusted CA certificates for `wss://` upstreams.
-    pub ca_file: Option<std::path::PathBuf>,
-}
-
-impl WorkerSettings {
-    pub fn from_args(args: &WorkerArgs) -> Result<Self, String> {
-        let WorkerArgs {
-            worker_id,
-            lease_duration,
-            heartbeat_interval,
-            reconcile_interval,
-            max_clock_skew,
-            fence_margin,
-            max_connections,
-            metrics_addr: _,
-            drain_timeout,
-            allow_hosts: _,
-            no_rebalance,
-            status_refresh: _,
-            ca_file,
-        } = args;
-        if heartbeat_interval.is_zero() || reconcile_interval.is_zero() {
-            return Err("--heartbeat-interval and --reconcile-interval must be positive".into());
-        }
-        let fence_window = fence::fence_window(
-            *lease_duration,
-            *max_clock_skew,
-            *fence_margin,
-            *heartbeat_interval,
-        )?;
-        Ok(Self {
-            worker_id: worker_id.clone().unwrap_or_else(default_worker_id).into(),
-            lease_duration: *lease_duration,
-            heartbeat_interval: *heartbeat_interval,
-            reconcile_interval: *reconcile_interval,
-            fence_window,
-            max_connections: *max_connections,
-            drain_timeout: *drain_timeout,
-            rebalance: !no_rebalance,
-            ca_file: ca_file.clone(),
-        })
-    }
-}
-
-/// `$POD_NAME` in Kubernetes (unique per pod); elsewhere `<hostname>-<pid>`, so
-/// two workers on one machine never share an identity.
-pub fn default_worker_id() -> String {
-    if let Ok(pod) = std::env::var("POD_NAME")
-        && !pod.is_empty()
-    {
-        return pod;
-    }
-    let host = hostname::get()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "tether".into());
-    format!("{host}-{}", std::process::id())
-}
-
-/// Everything a worker's tasks share.
+/// Everything a worker's tasks share, across incarnations.
 pub struct WorkerCtx {
     pub settings: WorkerSettings,
     pub store: LeaseStore,
     pub metrics: Arc<WorkerMetrics>,
-    pub session_deps: SessionDeps,
+    pub dialer: Dialer,
+    pub http: reqwest::Client,
+    /// This process's pod, in Kubernetes (container-restart proof).
+    pub pod: Option<PodLookup>,
+    /// What a held stream runs (WebSocket sessions).
+    pub sessions: Arc<dyn session::Sessions>,
 }
 
 impl WorkerCtx {
@@ -125,309 +80,349 @@ impl WorkerCtx {
         metrics: Arc<WorkerMetrics>,
         policy: policy::HostPolicy,
         secrets: secrets::SecretSource,
-    ) -> Result<Self, String> {
+        pod: Option<PodLookup>,
+    ) -> Result<Self, WorkerError> {
         let http = reqwest::Client::builder()
             .connect_timeout(HTTP_CONNECT_TIMEOUT)
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(HTTP_IDLE_TIMEOUT)
             .build()
-            .map_err(|e| format!("cannot build the sink HTTP client: {e}"))?;
+            .map_err(|e| WorkerError::HttpClient(e.to_string()))?;
+        let tls = transport::tls_config(settings.ca_file.as_deref()).map_err(WorkerError::Tls)?;
         Ok(Self {
-            session_deps: SessionDeps {
+            dialer: Dialer {
                 policy,
-                tls: session::tls_config(settings.ca_file.as_deref())?,
-                http,
-                metrics: metrics.clone(),
+                tls,
                 secrets,
             },
+            http,
             settings,
             store,
             metrics,
+            pod,
+            sessions: Arc::new(session::WebSocketSessions),
         })
     }
-}
 
-struct Owned {
-    key: StreamKey,
-    signals: StreamSignals,
-}
-
-/// The worker's mutable state, owned by its main loop.
-struct WorkerState {
-    tasks: JoinSet<StreamEnd>,
-    owned: HashMap<Id, Owned>,
-    drain: CancellationToken,
-    fleet: Option<rebalance::FleetView>,
-    last_handoff: Option<Instant>,
-}
-
-impl WorkerState {
-    /// Streams held and not being handed over.
-    fn held(&self) -> u64 {
-        self.owned
-            .values()
-            .filter(|o| !o.signals.handoff.is_cancelled())
-            .count() as u64
+    /// The same worker running `sessions` instead of WebSocket sessions.
+    pub fn with_sessions(mut self, sessions: Arc<dyn session::Sessions>) -> Self {
+        self.sessions = sessions;
+        self
     }
 }
 
-/// Runs the worker until `shutdown` resolves, then drains (bounded by the drain
-/// timeout) and returns.
-pub async fn run(ctx: Arc<WorkerCtx>, health: Arc<Health>, shutdown: impl Future<Output = ()>) {
-    let mut state = WorkerState {
-        tasks: JoinSet::new(),
-        owned: HashMap::new(),
-        drain: CancellationToken::new(),
-        fleet: None,
-        last_handoff: None,
+/// How an incarnation ended.
+enum Ended {
+    Shutdown,
+    DeclaredDead,
+}
+
+type Shutdown<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// Runs the worker until `shutdown` resolves, then drains and returns.
+pub async fn run(
+    ctx: Arc<WorkerCtx>,
+    health: Arc<Health>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), WorkerError> {
+    let layout = ctx.store.check_table().await?;
+    if layout.legacy_index {
+        tracing::info!(
+            "version 1's index is present: also taking over version-1 leases (rolling upgrade)"
+        );
+    }
+    let mut shutdown: Shutdown = Box::pin(shutdown);
+    loop {
+        match incarnation(ctx.clone(), &health, layout.legacy_index, &mut shutdown).await? {
+            Ended::Shutdown => return Ok(()),
+            Ended::DeclaredDead => {
+                ctx.metrics.incarnation_restarts.inc();
+                health.set_ready(false);
+                sleep(RESTART_PAUSE).await;
+            }
+        }
+    }
+}
+
+/// Registers a new incarnation, retrying while DynamoDB does not answer;
+/// `false` when shutdown came first. In Kubernetes, also marks dead the
+/// incarnations of this container's earlier runs (the kubelet's proof).
+async fn register(
+    ctx: &WorkerCtx,
+    me: &Incarnation,
+    shutdown: &mut Shutdown<'_>,
+) -> Result<bool, WorkerError> {
+    let pod = match &ctx.pod {
+        Some(lookup) => lookup.identity().await,
+        None => None,
     };
-    tokio::pin!(shutdown);
-    let mut next_reconcile = Instant::now();
-    let mut membership = tokio::time::interval(ctx.settings.heartbeat_interval);
-    membership.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tracing::info!(worker = %ctx.settings.worker_id, table = ctx.store.table(), "worker started");
+    loop {
+        match ctx.store.register(me, pod.as_ref()).await {
+            Ok(()) => break,
+            Err(e @ (StoreError::Unreachable { .. } | StoreError::Throttled { .. })) => {
+                tracing::warn!(error = %e, "cannot register this worker yet; retrying");
+                tokio::select! {
+                    _ = sleep(REGISTER_RETRY) => {}
+                    _ = shutdown.as_mut() => return Ok(false),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if let Some(pod) = &pod {
+        let fleet = ctx.store.fleet().await?;
+        for dead in ctx
+            .store
+            .declare_restarted_dead(me, pod, &fleet.workers)
+            .await?
+        {
+            ctx.metrics.workers_declared_dead.inc();
+            tracing::info!(previous = %dead, restarts = pod.restart_count, "this container restarted: its previous incarnation is gone, taking its streams back now");
+        }
+    }
+    Ok(true)
+}
+
+async fn incarnation(
+    ctx: Arc<WorkerCtx>,
+    health: &Health,
+    legacy_index: bool,
+    shutdown: &mut Shutdown<'_>,
+) -> Result<Ended, WorkerError> {
+    let me = Incarnation::new(&ctx.settings.worker_id);
+    // The fence counts from before registration was sent.
+    let before = Instant::now();
+    if !register(&ctx, &me, shutdown).await? {
+        return Ok(Ended::Shutdown);
+    }
+    let fence = Arc::new(Fence::new(ctx.settings.fence_window, before));
+    tracing::info!(incarnation = %me, table = ctx.store.table(), "worker started");
+    let registry = Arc::new(Registry::default());
+    let deps = SessionDeps {
+        dialer: ctx.dialer.clone(),
+        http: ctx.http.clone(),
+        metrics: ctx.metrics.clone(),
+        fence: fence.clone(),
+    };
+    let stop_liveness = CancellationToken::new();
+    // Every task of an incarnation is aborted when it is dropped: none outlives it.
+    let mut liveness = AbortOnDropHandle::new(tokio::spawn(
+        Liveness::new(ctx.clone(), me.clone(), fence.clone(), registry.clone())
+            .run(stop_liveness.clone()),
+    ));
+    let (acquired_tx, mut acquired_rx) = mpsc::unbounded_channel::<Acquired>();
+    let stop_acquiring = CancellationToken::new();
+    let mut acquirer = AbortOnDropHandle::new(tokio::spawn(acquire_loop(
+        Acquirer::new(
+            ctx.clone(),
+            me.clone(),
+            registry.clone(),
+            acquired_tx,
+            legacy_index,
+            fence.clone(),
+        ),
+        ctx.settings.reconcile_interval,
+        stop_acquiring.clone(),
+    )));
+    let released = Arc::new(Notify::new());
+    let marker = AbortOnDropHandle::new(tokio::spawn(release_marker(
+        ctx.store.clone(),
+        me.clone(),
+        released.clone(),
+    )));
+    let mut tasks: JoinSet<HolderEnd> = JoinSet::new();
+    let mut keys: HashMap<Id, crate::lease::StreamKey> = HashMap::new();
     health.set_ready(true);
 
-    loop {
+    let ended = loop {
         tokio::select! {
-            _ = &mut shutdown => break,
-            Some(joined) = state.tasks.join_next_with_id(), if !state.tasks.is_empty() => {
-                let (id, end) = match joined {
-                    Ok((id, end)) => (id, Some(end)),
-                    Err(e) => (e.id(), None),
-                };
-                if let Some(o) = state.owned.remove(&id) {
-                    match end {
-                        Some(end) => tracing::info!(stream = %o.key, ?end, "stream task ended"),
-                        None => tracing::error!(stream = %o.key, "stream task panicked; its lease will lapse"),
-                    }
-                }
-                ctx.metrics.leases_held.set(state.owned.len() as i64);
+            _ = shutdown.as_mut() => break Ended::Shutdown,
+            Some(a) = acquired_rx.recv() => {
+                let key = a.held.lease.key.clone();
+                let handle = tasks.spawn(Holder::new(ctx.clone(), deps.clone(), a.held, a.record).run());
+                keys.insert(handle.id(), key);
+                ctx.metrics.active_connections.set(registry.len() as i64);
             }
-            _ = membership.tick() => refresh_membership(&ctx, &mut state).await,
-            _ = sleep_until(next_reconcile) => {
-                reconcile(&ctx, &mut state).await;
-                next_reconcile = Instant::now() + jittered(ctx.settings.reconcile_interval);
+            Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                holder_ended(&ctx, &registry, &mut keys, &released, joined);
             }
+            end = &mut liveness => match end {
+                Ok(LivenessEnd::Dead) => break Ended::DeclaredDead,
+                _ => return Err(WorkerError::TaskDied("liveness")),
+            },
+            _ = &mut acquirer => return Err(WorkerError::TaskDied("acquirer")),
         }
-    }
-
-    tracing::info!(
-        streams = state.owned.len(),
-        "shutting down: releasing every stream"
-    );
-    health.set_draining();
-    // Leave the fleet first, so peers' fair share grows before our streams arrive.
-    if let Err(e) = ctx.store.remove_member(&ctx.settings.worker_id).await {
-        tracing::warn!(error = %e, "could not remove the membership item; it will lapse");
-    }
-    state.drain.cancel();
-    let drained = timeout(ctx.settings.drain_timeout, async {
-        while state.tasks.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        tracing::warn!(
-            left = state.tasks.len(),
-            "drain timeout reached; remaining leases will lapse by themselves"
-        );
-        state.tasks.abort_all();
-    }
-    ctx.metrics.leases_held.set(0);
-    tracing::info!("worker stopped");
-}
-
-/// Publishes our held count and reads everybody else's.
-async fn refresh_membership(ctx: &WorkerCtx, state: &mut WorkerState) {
-    let me = crate::lease::Member {
-        id: ctx.settings.worker_id.to_string(),
-        held: state.held(),
-        heartbeat_at_ms: now_ms(),
     };
-    let result = async {
-        ctx.store
-            .heartbeat_member(&me, ctx.settings.lease_duration)
-            .await?;
-        ctx.store.live_members(now_ms()).await
-    }
-    .await;
-    match result {
-        Ok(mut members) => {
-            // A crashed worker's item stays live until it lapses (a lease later);
-            // one silent for three heartbeats no longer counts toward fair share.
-            let fresh_since = fresh_since(&ctx.settings);
-            members.retain(|m| m.heartbeat_at_ms >= fresh_since);
-            let view = rebalance::FleetView { members };
-            ctx.metrics
-                .live_workers
-                .set(view.live(&ctx.settings.worker_id) as i64);
-            state.fleet = Some(view);
-        }
-        Err(e) => {
-            // Without a fleet view, acquire freely: availability beats balance.
-            state.fleet = None;
-            tracing::warn!(error = %e, "membership refresh failed");
-        }
-    }
-}
 
-/// One pass: look for orphans, acquire up to the fair share (or capacity), and
-/// hand excess streams over when a peer is below its share.
-async fn reconcile(ctx: &Arc<WorkerCtx>, state: &mut WorkerState) {
-    let capacity = ctx
-        .settings
-        .max_connections
-        .saturating_sub(state.owned.len());
-    let now = now_ms();
-    let orphans = if capacity > 0 {
-        match ctx.store.orphans(now).await {
-            Ok(orphans) => orphans,
+    stop_acquiring.cancel();
+    let acquirer = acquirer
+        .await
+        .map_err(|_| WorkerError::TaskDied("acquirer"))?;
+    if let Ended::DeclaredDead = ended {
+        // Everything has moved or is moving; nothing may be written for it.
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        drop(marker);
+        ctx.metrics.active_connections.set(0);
+        return Ok(Ended::DeclaredDead);
+    }
+
+    drain(&ctx, health, &registry, &mut tasks, &mut keys, &released).await;
+    drop(marker);
+    let left = final_audit(&ctx, &registry, &acquirer).await;
+    if left {
+        match ctx.store.leave(&me).await {
+            Ok(()) => tracing::info!("left the fleet"),
             Err(e) => {
-                tracing::warn!(error = %e, "orphan query failed");
-                return;
+                tracing::warn!(error = %e, "could not mark this worker LEFT; peers will declare it dead after a lease")
             }
         }
     } else {
-        Vec::new()
+        tracing::warn!("some streams could not be released; peers take them over after a lease");
+    }
+    stop_liveness.cancel();
+    let _ = liveness.await;
+    ctx.metrics.active_connections.set(0);
+    tracing::info!("worker stopped");
+    Ok(Ended::Shutdown)
+}
+
+/// A holder ended: forget it, announce a release, count the end.
+fn holder_ended(
+    ctx: &WorkerCtx,
+    registry: &Registry,
+    keys: &mut HashMap<Id, crate::lease::StreamKey>,
+    released: &Notify,
+    joined: Result<(Id, HolderEnd), tokio::task::JoinError>,
+) {
+    let (id, end) = match joined {
+        Ok((id, end)) => (id, Some(end)),
+        Err(e) => (e.id(), None),
     };
-    let me = ctx.settings.worker_id.to_string();
-    let held = state.held();
-    // Without rebalancing there is no fair share at all: acquire greedily, as
-    // the seed design did (and streams then stay where they land).
-    let fair = state
-        .fleet
-        .as_ref()
-        .filter(|_| ctx.settings.rebalance)
-        .map(|f| f.fair_share(&me, held, orphans.len() as u64));
-    let interval_ms = ctx.settings.reconcile_interval.as_millis() as u64;
-    let mut policy = rebalance::AcquirePolicy {
-        below_share: fair.map(|f| f.saturating_sub(held)),
-        share_grace_ms: interval_ms * SHARE_GRACE_INTERVALS,
-        rebalance_grace_ms: interval_ms * ORPHAN_GRACE_INTERVALS,
-    };
-    let mut budget = capacity;
-    let held_keys: std::collections::HashSet<&StreamKey> =
-        state.owned.values().map(|o| &o.key).collect();
-    let mut candidates: Vec<_> = orphans
-        .into_iter()
-        .filter(|r| !held_keys.contains(&r.key))
-        .collect();
-    // Workers racing for the same orphans try them in different orders.
-    candidates.shuffle(&mut rand::rng());
-    for observed in candidates {
-        if budget == 0 {
-            break;
+    if let Some(key) = keys.remove(&id) {
+        registry.remove(&key);
+        match end {
+            Some(HolderEnd::Released(_)) => released.notify_one(),
+            Some(end) => tracing::info!(stream = %key, ?end, "holder ended"),
+            None => {
+                tracing::error!(stream = %key, "holder task panicked; the audit will serve the stream again")
+            }
         }
-        if !policy.allows(rebalance::classify(&observed, now)) {
-            continue;
-        }
-        let sent_at = Instant::now();
-        match ctx
-            .store
-            .acquire(
-                &observed,
-                &ctx.settings.worker_id,
-                ctx.settings.lease_duration,
-            )
-            .await
-        {
-            Ok(AcquireOutcome::Acquired { lease, record }) => {
-                ctx.metrics
-                    .acquires
-                    .get_or_create(&[("result", "acquired")])
-                    .inc();
-                record_takeover(ctx, &observed);
-                tracing::info!(stream = %lease.key, token = lease.counter, last_seq = ?record.last_seq, "acquired");
-                let signals = StreamSignals {
-                    shutdown: state.drain.child_token(),
-                    handoff: CancellationToken::new(),
-                };
-                let key = lease.key.clone();
-                let handle = state.tasks.spawn(stream::run(
-                    ctx.clone(),
-                    lease,
-                    *record,
-                    sent_at,
-                    signals.clone(),
-                ));
-                state.owned.insert(handle.id(), Owned { key, signals });
-                ctx.metrics.leases_held.set(state.owned.len() as i64);
-                budget -= 1;
-                policy.acquired();
-            }
-            Ok(AcquireOutcome::Held { .. }) => {
-                ctx.metrics
-                    .acquires
-                    .get_or_create(&[("result", "held")])
-                    .inc();
-            }
-            Ok(AcquireOutcome::NotStarted | AcquireOutcome::Gone) => {
-                ctx.metrics
-                    .acquires
-                    .get_or_create(&[("result", "unavailable")])
-                    .inc();
-            }
-            Err(e) => {
-                ctx.metrics
-                    .acquires
-                    .get_or_create(&[("result", "error")])
-                    .inc();
-                tracing::warn!(stream = %observed.key, error = %e, "acquire failed");
+    }
+    ctx.metrics.active_connections.set(registry.len() as i64);
+}
+
+/// Stops every session and releases every stream, within the drain timeout.
+async fn drain(
+    ctx: &WorkerCtx,
+    health: &Health,
+    registry: &Registry,
+    tasks: &mut JoinSet<HolderEnd>,
+    keys: &mut HashMap<Id, crate::lease::StreamKey>,
+    released: &Notify,
+) {
+    tracing::info!(
+        streams = registry.len(),
+        "shutting down: releasing every stream"
+    );
+    health.set_draining();
+    for h in registry.snapshot() {
+        h.signals.shutdown.cancel();
+    }
+    let deadline = Instant::now() + ctx.settings.drain_timeout;
+    while !tasks.is_empty() {
+        tokio::select! {
+            Some(joined) = tasks.join_next_with_id() => holder_ended(ctx, registry, keys, released, joined),
+            _ = sleep_until(deadline) => {
+                tracing::warn!(left = tasks.len(), "drain timeout reached; releasing what is left directly");
+                tasks.abort_all();
+                while tasks.join_next().await.is_some() {}
                 break;
             }
         }
     }
+}
 
-    if let (true, Some(fair), Some(fleet)) = (ctx.settings.rebalance, fair, state.fleet.as_ref()) {
-        let cooldown = ctx.settings.heartbeat_interval * 2;
-        let cooled = state.last_handoff.is_none_or(|t| t.elapsed() >= cooldown);
-        // A peer that has not heartbeated for three intervals is probably gone.
-        let fresh_since = fresh_since(&ctx.settings);
-        let count =
-            rebalance::handoff_count(state.held(), fair, fleet.peer_below(&me, fair, fresh_since));
-        if cooled && count > 0 {
-            let mut movable: Vec<&Owned> = state
-                .owned
-                .values()
-                .filter(|o| !o.signals.handoff.is_cancelled())
-                .collect();
-            movable.shuffle(&mut rand::rng());
-            for o in movable.into_iter().take(count as usize) {
-                tracing::info!(stream = %o.key, fair, "handing stream over to rebalance the fleet");
-                o.signals.handoff.cancel();
+/// Releases anything this incarnation still owns in the table (holders that
+/// timed out, acquires whose answer was lost). `true` when nothing is left.
+async fn final_audit(ctx: &WorkerCtx, registry: &Registry, acquirer: &Acquirer) -> bool {
+    let owned = match acquirer.owned_in_table().await {
+        Ok(owned) => owned,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot audit this worker's streams");
+            return false;
+        }
+    };
+    let mut all_released = true;
+    for record in owned {
+        let lease = crate::lease::Lease {
+            key: record.key.clone(),
+            owner: acquirer.me().clone(),
+            counter: record.lease_counter,
+        };
+        let checkpoint = registry
+            .get(&record.key)
+            .and_then(|h| h.progress.acked())
+            .max(record.last_seq);
+        let status = SessionStatus {
+            reason: Some("OwnerShutdown".into()),
+            ..SessionStatus::default()
+        };
+        match ctx
+            .store
+            .release(
+                &lease,
+                ReleaseReason::Shutdown,
+                checkpoint,
+                &status,
+                record.desired_state,
+            )
+            .await
+        {
+            Ok(OwnerWrite::Done(())) | Ok(OwnerWrite::Lost) => {}
+            Err(e) => {
+                tracing::warn!(stream = %record.key, error = %e, "final release failed");
+                all_released = false;
             }
-            state.last_handoff = Some(Instant::now());
         }
     }
-}
-
-/// How long the stream went without an owner, by how it lost the last one.
-fn record_takeover(ctx: &WorkerCtx, observed: &crate::lease::StreamRecord) {
-    let now = now_ms();
-    if observed.lease_owner.is_none() {
-        return;
+    if let Err(e) = ctx.store.mark_released(acquirer.me()).await {
+        tracing::debug!(error = %e, "release marker not written");
     }
-    if observed.lease_expires_at_ms > 0 {
-        let secs = now.saturating_sub(observed.lease_expires_at_ms) as f64 / 1000.0;
-        ctx.metrics.failover_seconds.observe(secs);
-    } else if let Some(released) = observed.released_at_ms {
-        let secs = now.saturating_sub(released) as f64 / 1000.0;
-        ctx.metrics.handoff_seconds.observe(secs);
+    all_released
+}
+
+/// The acquisition pass, every (jittered) reconcile interval, until stopped.
+/// Returns the acquirer for the final audit.
+async fn acquire_loop(
+    mut acquirer: Acquirer,
+    interval: Duration,
+    stop: CancellationToken,
+) -> Acquirer {
+    let mut next = Instant::now();
+    loop {
+        tokio::select! {
+            _ = sleep_until(next) => {}
+            _ = stop.cancelled() => return acquirer,
+        }
+        tokio::select! {
+            result = acquirer.pass() => if let Err(e) = result {
+                tracing::warn!(error = %e, "acquisition pass failed");
+            },
+            // A pass cut short may leave an acquire whose answer is unknown:
+            // the final audit releases it.
+            _ = stop.cancelled() => return acquirer,
+        }
+        next = Instant::now() + settings::jittered(interval);
     }
 }
 
-/// Heartbeats a worker may miss before the fleet stops counting on it: its
-/// membership item stays live until it lapses (a lease later), but a worker
-/// silent this long is probably gone.
-const MEMBER_SILENCE_HEARTBEATS: u32 = 3;
-
-/// Membership heartbeats older than this (wall-clock ms) count as silent.
-fn fresh_since(settings: &WorkerSettings) -> u64 {
-    now_ms().saturating_sub(
-        (settings.heartbeat_interval * MEMBER_SILENCE_HEARTBEATS).as_millis() as u64,
-    )
-}
-
-fn jittered(interval: Duration) -> Duration {
-    let factor = rand::rng().random_range((1.0 - RECONCILE_JITTER)..=(1.0 + RECONCILE_JITTER));
-    interval.mul_f64(factor)
+/// Announces releases (debounced): peers scan for orphans when it moves.
+async fn release_marker(store: LeaseStore, me: Incarnation, released: Arc<Notify>) {
+    loop {
+        released.notified().await;
+        sleep(RELEASE_MARKER_DEBOUNCE).await;
+        if let Err(e) = store.mark_released(&me).await {
+            tracing::debug!(error = %e, "release marker not written");
+        }
+    }
 }

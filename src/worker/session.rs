@@ -1,41 +1,29 @@
-//! One upstream WebSocket session: connect (policy-checked), subscribe, read,
-//! batch, deliver to the sink, keepalive, and reconnect with jittered backoff.
+//! One upstream WebSocket session: connect, subscribe, read, batch, deliver,
+//! keep alive, and reconnect with jittered backoff, until stopped, aborted,
+//! fenced, or refused for good.
 //!
-//! Delivery is in-line with reading: while a batch is being delivered (or
-//! retried against a failing sink) nothing more is read from the socket, which
-//! is the backpressure the stream contract asks for. Before every delivery the
-//! session checks its lease's fence (DESIGN.md property 1b).
+//! Delivery is in line with reading: while a batch is delivered (or retried
+//! against a failing sink) nothing more is read from the socket, which is the
+//! backpressure the stream contract asks for.
 
+use super::delivery::{Delivery, Undelivered};
 use super::fence::Fence;
-use super::policy::{HostPolicy, PolicyError};
-use super::secrets::SecretSource;
-use super::transport::Transport;
+use super::progress::StreamProgress;
+use super::transport::{CONNECT_TIMEOUT, ConnectError, Dialer, Ws, resume_url};
 use crate::crd::StreamConnectionSpec;
-use crate::lease::RetryPolicy;
-use crate::lease::{SessionStatus, StreamKey, now_ms};
+use crate::lease::{Phase, RetryPolicy, StreamKey, now_ms};
 use crate::metrics::WorkerMetrics;
-use crate::sink::{Batch, Message, Sink, SinkError};
+use crate::sink::{Message, Sink};
 use base64::Engine;
 use futures::{SinkExt, StreamExt};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpStream;
-use tokio::time::{Instant, sleep, sleep_until, timeout};
-use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{self, Message as WsMessage};
 use tokio_util::sync::CancellationToken;
-use url::Url;
 
-/// Read buffer per session. tungstenite's default (128 KiB) dominates an idle
-/// session's memory; 4 KiB costs a few more reads for large messages only.
-pub const READ_BUFFER_BYTES: usize = 4 * 1024;
-/// Bound on TCP connect + TLS + WebSocket handshake.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on a close handshake before the socket is simply dropped.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Reconnect backoff: first step and cap (full jitter).
@@ -44,109 +32,28 @@ pub const RECONNECT_BACKOFF: RetryPolicy = RetryPolicy {
     max_delay: Duration::from_secs(30),
     deadline: Duration::MAX,
 };
-/// Sink retry backoff: first step and cap (full jitter).
-pub const SINK_BACKOFF: RetryPolicy = RetryPolicy {
-    first_delay: Duration::from_millis(100),
-    max_delay: Duration::from_secs(5),
-    deadline: Duration::MAX,
-};
 /// A session that lasted this long resets the reconnect backoff.
 const STABLE_SESSION: Duration = Duration::from_secs(30);
 
-type Ws = WebSocketStream<Transport>;
-
-/// State shared between a session and the task that holds its lease.
-#[derive(Debug)]
-pub struct SessionShared {
-    pub fence: Fence,
-    /// Highest sequence number the sink acknowledged: the checkpoint.
-    acked: AtomicU64,
-    status: Mutex<SessionStatus>,
-    status_dirty: AtomicBool,
-    /// Signalled when the phase changes, so the holder writes it early.
-    phase_changed: tokio::sync::Notify,
-}
-
-impl SessionShared {
-    pub fn new(fence: Fence, checkpoint: u64) -> Self {
-        Self {
-            fence,
-            acked: AtomicU64::new(checkpoint),
-            status: Mutex::new(SessionStatus {
-                phase: "Pending".into(),
-                ..SessionStatus::default()
-            }),
-            status_dirty: AtomicBool::new(true),
-            phase_changed: tokio::sync::Notify::new(),
-        }
-    }
-
-    /// Resolves after the next phase change (or at once if one is pending).
-    pub async fn phase_changed(&self) {
-        self.phase_changed.notified().await;
-    }
-
-    pub fn acked(&self) -> u64 {
-        self.acked.load(Ordering::SeqCst)
-    }
-
-    fn ack(&self, seq: u64) {
-        self.acked.fetch_max(seq, Ordering::SeqCst);
-    }
-
-    fn lock_status(&self) -> std::sync::MutexGuard<'_, SessionStatus> {
-        self.status.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Changes the status; the next renewal writes it.
-    pub fn update_status(&self, change: impl FnOnce(&mut SessionStatus)) {
-        let mut status = self.lock_status();
-        let before = status.clone();
-        change(&mut status);
-        if *status != before {
-            self.status_dirty.store(true, Ordering::SeqCst);
-        }
-        if status.phase != before.phase {
-            self.phase_changed.notify_one();
-        }
-    }
-
-    /// The status, if it changed since the last call (which marks it written).
-    pub fn take_status(&self) -> Option<SessionStatus> {
-        self.status_dirty
-            .swap(false, Ordering::SeqCst)
-            .then(|| self.lock_status().clone())
-    }
-
-    /// Marks the status as not yet written (after a failed renewal).
-    pub fn status_unwritten(&self) {
-        self.status_dirty.store(true, Ordering::SeqCst);
-    }
-
-    pub fn status(&self) -> SessionStatus {
-        self.lock_status().clone()
-    }
-}
-
-/// What a session needs from its stream.
+/// What a session serves.
 pub struct SessionConfig {
     pub key: StreamKey,
+    /// `namespace/name`, as sink payloads name the stream.
     pub connection: String,
-    pub worker_id: Arc<str>,
-    /// The lease's fencing token, sent with every sink payload.
+    /// The owning incarnation, as sink payloads name the worker.
+    pub worker: Arc<str>,
+    /// The fencing token, sent with every sink payload.
     pub token: u64,
-    pub url_template: String,
     pub spec: StreamConnectionSpec,
 }
 
 /// What a session needs from its worker.
 #[derive(Clone)]
 pub struct SessionDeps {
-    pub policy: HostPolicy,
-    pub tls: Arc<rustls::ClientConfig>,
+    pub dialer: Dialer,
     pub http: reqwest::Client,
     pub metrics: Arc<WorkerMetrics>,
-    pub secrets: SecretSource,
+    pub fence: Arc<Fence>,
 }
 
 /// How a session ended.
@@ -156,92 +63,86 @@ pub enum SessionEnd {
     Stopped,
     /// Asked to abort: closed at once, nothing more delivered.
     Aborted,
-    /// The fence closed: nothing more delivered.
+    /// The worker's fence closed: nothing more delivered.
     Fenced,
     /// The sink refused our fencing token: somebody newer owns the stream.
     SinkFenced,
-    /// A permanent failure (refused host): not retried until the spec changes.
+    /// A permanent refusal (host policy): not retried until the spec changes.
     Failed(String),
 }
 
-/// Cancellation handles for a session: `stop` drains gracefully, `abort` does not.
+/// Cancellation handles: `stop` drains gracefully, `abort` does not.
 #[derive(Clone, Default)]
 pub struct SessionControl {
     pub stop: CancellationToken,
     pub abort: CancellationToken,
 }
 
-enum ConnectError {
-    Policy(PolicyError),
-    Header(String),
-    Io(String),
-    Tls(String),
-    Handshake(tungstenite::Error),
-    Timeout,
-}
-
-impl ConnectError {
-    fn kind(&self) -> &'static str {
-        match self {
-            Self::Policy(_) => "host_policy",
-            Self::Header(_) => "header_reference",
-            Self::Io(_) => "connect",
-            Self::Tls(_) => "tls",
-            Self::Handshake(_) => "handshake",
-            Self::Timeout => "connect_timeout",
-        }
-    }
-
-    fn reason(&self) -> &'static str {
-        match self {
-            Self::Policy(_) => "HostRefused",
-            Self::Header(_) => "HeaderUnavailable",
-            Self::Tls(_) => "TLSError",
-            Self::Handshake(_) => "HandshakeFailed",
-            _ => "ConnectFailed",
-        }
-    }
-
-    fn message(&self) -> String {
-        match self {
-            Self::Policy(e) => e.to_string(),
-            Self::Header(e) => e.clone(),
-            Self::Io(e) | Self::Tls(e) => e.clone(),
-            Self::Handshake(e) => e.to_string(),
-            Self::Timeout => format!("no handshake within {CONNECT_TIMEOUT:?}"),
-        }
-    }
-}
-
 /// Why a connected session ended.
 enum PumpEnd {
-    Stopped,
-    Aborted,
-    Fenced,
-    SinkFenced,
+    Ended(SessionEnd),
     Disconnected { kind: &'static str, message: String },
 }
 
-/// Keeps the active-connections gauge honest whatever way a session ends.
+impl From<Undelivered> for SessionEnd {
+    fn from(u: Undelivered) -> Self {
+        match u {
+            Undelivered::Aborted => Self::Aborted,
+            Undelivered::Fenced => Self::Fenced,
+            Undelivered::SinkFenced => Self::SinkFenced,
+        }
+    }
+}
+
+/// Keeps the connected-sessions gauge honest whatever way a session ends.
 struct ActiveGuard(Arc<WorkerMetrics>);
 
 impl ActiveGuard {
     fn new(metrics: &Arc<WorkerMetrics>) -> Self {
-        metrics.active_connections.inc();
+        metrics.sessions_connected.inc();
         Self(metrics.clone())
     }
 }
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        self.0.active_connections.dec();
+        self.0.sessions_connected.dec();
     }
 }
 
-/// Runs the session until it is stopped, aborted, fenced, or fails permanently.
+/// What a held stream runs while the worker's fence is open. The product runs
+/// a WebSocket session ([`WebSocketSessions`]); the benchmarks' lease-only
+/// scale runs plug in a session that holds nothing, so one machine can hold
+/// the leases of 100,000 streams.
+pub trait Sessions: Send + Sync + 'static {
+    fn start(
+        &self,
+        cfg: SessionConfig,
+        progress: Arc<StreamProgress>,
+        deps: SessionDeps,
+        ctl: SessionControl,
+    ) -> tokio::task::JoinHandle<SessionEnd>;
+}
+
+/// Upstream WebSocket sessions.
+pub struct WebSocketSessions;
+
+impl Sessions for WebSocketSessions {
+    fn start(
+        &self,
+        cfg: SessionConfig,
+        progress: Arc<StreamProgress>,
+        deps: SessionDeps,
+        ctl: SessionControl,
+    ) -> tokio::task::JoinHandle<SessionEnd> {
+        tokio::spawn(run(cfg, progress, deps, ctl))
+    }
+}
+
+/// Runs the session until it is stopped, aborted, fenced, or refused for good.
 pub async fn run(
     cfg: SessionConfig,
-    shared: Arc<SessionShared>,
+    progress: Arc<StreamProgress>,
     deps: SessionDeps,
     ctl: SessionControl,
 ) -> SessionEnd {
@@ -254,35 +155,34 @@ pub async fn run(
         if ctl.stop.is_cancelled() {
             return SessionEnd::Stopped;
         }
-        if !shared.fence.is_valid() {
+        if !deps.fence.is_valid() {
             return SessionEnd::Fenced;
         }
-        let checkpoint = shared.acked();
-        shared.update_status(|s| s.phase = "Connecting".into());
+        let checkpoint = progress.acked();
+        progress.update_status(|s| s.phase = Phase::Connecting);
+        let url = resume_url(&cfg.spec.url, cfg.spec.initial_url.as_deref(), checkpoint);
         let connected = tokio::select! {
             // Boxed: TLS and handshake state is large and only needed while connecting.
-            r = timeout(CONNECT_TIMEOUT, Box::pin(connect(&cfg, &deps, checkpoint))) => r.unwrap_or(Err(ConnectError::Timeout)),
+            r = timeout(CONNECT_TIMEOUT, Box::pin(deps.dialer.dial(&cfg.key, &cfg.spec, &url))) => r.unwrap_or(Err(ConnectError::Timeout)),
             _ = ctl.abort.cancelled() => return SessionEnd::Aborted,
             _ = ctl.stop.cancelled() => return SessionEnd::Stopped,
+            _ = deps.fence.closed() => return SessionEnd::Fenced,
         };
-        let error = match connected {
+        let (kind, reason, message) = match connected {
             Ok(ws) => {
                 let started = Instant::now();
-                shared.update_status(|s| {
-                    s.phase = "Connected".into();
+                progress.update_status(|s| {
+                    s.phase = Phase::Connected;
                     s.reason = None;
                     s.message = None;
                     s.connected_since_ms = Some(now_ms());
                 });
-                tracing::info!(stream = %cfg.key, token = cfg.token, checkpoint, "session connected");
+                tracing::info!(stream = %cfg.key, token = cfg.token, checkpoint = ?checkpoint, "session connected");
                 let active = ActiveGuard::new(&deps.metrics);
-                let end = pump(ws, &cfg, &shared, &deps, &sink, &ctl, checkpoint).await;
+                let end = pump(ws, &cfg, &progress, &deps, &sink, &ctl, checkpoint).await;
                 drop(active);
                 match end {
-                    PumpEnd::Stopped => return SessionEnd::Stopped,
-                    PumpEnd::Aborted => return SessionEnd::Aborted,
-                    PumpEnd::Fenced => return SessionEnd::Fenced,
-                    PumpEnd::SinkFenced => return SessionEnd::SinkFenced,
+                    PumpEnd::Ended(end) => return end,
                     PumpEnd::Disconnected { kind, message } => {
                         if started.elapsed() >= STABLE_SESSION {
                             attempt = 0;
@@ -291,16 +191,16 @@ pub async fn run(
                     }
                 }
             }
-            Err(ConnectError::Policy(e)) if e.is_permanent() => {
-                let message = e.to_string();
+            Err(e) if e.is_permanent() => {
+                let message = e.message();
                 deps.metrics
                     .session_errors
-                    .get_or_create(&[("kind", "host_policy")])
+                    .get_or_create(&[("kind", e.kind())])
                     .inc();
                 tracing::warn!(stream = %cfg.key, %message, "stream refused by host policy; not dialling");
-                shared.update_status(|s| {
-                    s.phase = "Failed".into();
-                    s.reason = Some("HostRefused".into());
+                progress.update_status(|s| {
+                    s.phase = Phase::Failed;
+                    s.reason = Some(e.reason().into());
                     s.message = Some(message.clone());
                     s.connected_since_ms = None;
                 });
@@ -308,7 +208,6 @@ pub async fn run(
             }
             Err(e) => (e.kind(), e.reason(), e.message()),
         };
-        let (kind, reason, message) = error;
         deps.metrics
             .session_errors
             .get_or_create(&[("kind", kind)])
@@ -317,143 +216,42 @@ pub async fn run(
         let delay = RECONNECT_BACKOFF.delay(attempt);
         attempt = attempt.saturating_add(1);
         tracing::warn!(stream = %cfg.key, kind, %message, retry_in = ?delay, "session ended; reconnecting");
-        shared.update_status(|s| {
-            s.phase = "Backoff".into();
+        progress.update_status(|s| {
+            s.phase = Phase::Backoff;
             s.reason = Some(reason.into());
             s.message = Some(message.clone());
             s.connected_since_ms = None;
             s.reconnects += 1;
         });
         tokio::select! {
-            _ = sleep(delay) => {}
+            _ = tokio::time::sleep(delay) => {}
             _ = ctl.abort.cancelled() => return SessionEnd::Aborted,
             _ = ctl.stop.cancelled() => return SessionEnd::Stopped,
+            _ = deps.fence.closed() => return SessionEnd::Fenced,
         }
     }
-}
-
-async fn connect(
-    cfg: &SessionConfig,
-    deps: &SessionDeps,
-    checkpoint: u64,
-) -> Result<Ws, ConnectError> {
-    let text = cfg
-        .url_template
-        .replace("{last_seq}", &checkpoint.to_string());
-    let url = Url::parse(&text).map_err(|e| ConnectError::Io(format!("invalid URL: {e}")))?;
-    let addrs = deps
-        .policy
-        .resolve(&url)
-        .await
-        .map_err(ConnectError::Policy)?;
-    let mut request = url
-        .as_str()
-        .into_client_request()
-        .map_err(ConnectError::Handshake)?;
-    for header in &cfg.spec.headers {
-        let value = deps
-            .secrets
-            .resolve(&cfg.key.namespace, &header.value_from)
-            .await
-            .map_err(ConnectError::Header)?;
-        let name = tungstenite::http::HeaderName::from_bytes(header.name.as_bytes())
-            .map_err(|_| ConnectError::Header(format!("invalid header name {}", header.name)))?;
-        let mut value = HeaderValue::from_str(&value).map_err(|_| {
-            ConnectError::Header(format!("value of header {} is not valid", header.name))
-        })?;
-        // Keeps the value out of any Debug output of the request.
-        value.set_sensitive(true);
-        request.headers_mut().insert(name, value);
-    }
-    let mut last_error = String::from("no address");
-    let mut tcp = None;
-    for addr in addrs {
-        match TcpStream::connect(addr).await {
-            Ok(s) => {
-                tcp = Some(s);
-                break;
-            }
-            Err(e) => last_error = format!("{addr}: {e}"),
-        }
-    }
-    let tcp = tcp.ok_or(ConnectError::Io(last_error))?;
-    let _ = tcp.set_nodelay(true);
-    let limits = &cfg.spec.limits;
-    let config = WebSocketConfig::default()
-        .read_buffer_size(READ_BUFFER_BYTES)
-        .write_buffer_size(0)
-        .max_message_size(Some(limits.max_message_bytes as usize))
-        .max_frame_size(Some(limits.max_frame_bytes as usize));
-    // TLS is done here rather than inside tungstenite so a certificate or
-    // protocol failure is reported as a TLS error, not a generic I/O one.
-    let stream = if url.scheme() == "wss" {
-        let host = url
-            .host_str()
-            .unwrap_or_default()
-            .trim_start_matches('[')
-            .trim_end_matches(']');
-        let name = rustls::pki_types::ServerName::try_from(host.to_string())
-            .map_err(|e| ConnectError::Tls(format!("invalid TLS server name {host}: {e}")))?;
-        let tls = tokio_rustls::TlsConnector::from(deps.tls.clone())
-            .connect(name, tcp)
-            .await
-            .map_err(|e| ConnectError::Tls(format!("TLS handshake with {host} failed: {e}")))?;
-        Transport::Tls(Box::new(tls))
-    } else {
-        Transport::Plain(tcp)
-    };
-    let (ws, _response) =
-        tokio_tungstenite::client_async_with_config(request, stream, Some(config))
-            .await
-            .map_err(ConnectError::Handshake)?;
-    Ok(ws)
-}
-
-/// The TLS client configuration every session shares: Mozilla's roots (webpki)
-/// plus any CA certificates in `ca_file`, verification always on, ring as the
-/// provider.
-pub fn tls_config(ca_file: Option<&std::path::Path>) -> Result<Arc<rustls::ClientConfig>, String> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    if let Some(path) = ca_file {
-        let certs = CertificateDer::pem_file_iter(path)
-            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| format!("cannot read --ca-file {}: {e}", path.display()))?;
-        if certs.is_empty() {
-            return Err(format!(
-                "--ca-file {} holds no certificates",
-                path.display()
-            ));
-        }
-        for cert in certs {
-            roots
-                .add(cert)
-                .map_err(|e| format!("--ca-file {}: {e}", path.display()))?;
-        }
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| format!("TLS setup failed: {e}"))?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    Ok(Arc::new(config))
 }
 
 /// Reads messages and delivers them until the session ends.
 async fn pump(
     mut ws: Ws,
     cfg: &SessionConfig,
-    shared: &SessionShared,
+    progress: &StreamProgress,
     deps: &SessionDeps,
     sink: &Sink,
     ctl: &SessionControl,
-    checkpoint: u64,
+    checkpoint: Option<u64>,
 ) -> PumpEnd {
+    let delivery = Delivery {
+        connection: &cfg.connection,
+        worker: &cfg.worker,
+        token: cfg.token,
+        sink,
+        fence: &deps.fence,
+        progress,
+        metrics: &deps.metrics,
+        abort: &ctl.abort,
+    };
     for text in &cfg.spec.subscribe {
         if let Err(e) = ws.send(WsMessage::Text(text.clone().into())).await {
             return PumpEnd::Disconnected {
@@ -486,15 +284,19 @@ async fn pump(
             biased;
             _ = ctl.abort.cancelled() => {
                 Box::pin(close(&mut ws, CloseCode::Away)).await;
-                return PumpEnd::Aborted;
+                return PumpEnd::Ended(SessionEnd::Aborted);
+            }
+            _ = deps.fence.closed() => {
+                // Nothing more may be delivered: drop the batch (it will be
+                // replayed from the checkpoint) and close at once.
+                Box::pin(close(&mut ws, CloseCode::Away)).await;
+                return PumpEnd::Ended(SessionEnd::Fenced);
             }
             _ = ctl.stop.cancelled() => {
-                if let Err(end) = Box::pin(deliver(&mut batch, cfg, shared, deps, sink, ctl)).await {
-                    Box::pin(close(&mut ws, CloseCode::Away)).await;
-                    return end;
-                }
-                Box::pin(close(&mut ws, CloseCode::Normal)).await;
-                return PumpEnd::Stopped;
+                let flushed = Box::pin(delivery.deliver(&mut batch)).await;
+                let code = if flushed.is_ok() { CloseCode::Normal } else { CloseCode::Away };
+                Box::pin(close(&mut ws, code)).await;
+                return PumpEnd::Ended(flushed.map_or_else(SessionEnd::from, |()| SessionEnd::Stopped));
             }
             _ = linger_elapsed => flush_now = true,
             _ = ping_timer.tick() => {
@@ -529,9 +331,9 @@ async fn pump(
                             deps.metrics.session_errors.get_or_create(&[("kind", "sequence")]).inc();
                             tracing::warn!(stream = %cfg.key, "binary message cannot carry a JSON sequence number; skipped");
                         } else {
-                            high_water += 1;
+                            let seq = next_counter(&mut high_water);
                             let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
-                            batch.push(Message { seq: high_water, data });
+                            batch.push(Message { seq, data });
                         }
                     }
                     Some(Ok(WsMessage::Close(frame))) => {
@@ -556,12 +358,12 @@ async fn pump(
                 }
             }
         }
-        // Deliver what was read before reacting to a disconnect: it is already in
-        // hand, and delivering it saves a replay.
+        // Deliver what was read before reacting to a disconnect: it is already
+        // in hand, and delivering it saves a replay.
         if (flush_now || ended.is_some()) && !batch.is_empty() {
-            if let Err(end) = Box::pin(deliver(&mut batch, cfg, shared, deps, sink, ctl)).await {
+            if let Err(u) = Box::pin(delivery.deliver(&mut batch)).await {
                 Box::pin(close(&mut ws, CloseCode::Away)).await;
-                return end;
+                return PumpEnd::Ended(u.into());
             }
             flush_at = None;
             // We did not read while delivering; do not mistake that for a dead peer.
@@ -574,91 +376,6 @@ async fn pump(
     }
 }
 
-/// Delivers `batch` until the sink acknowledges it, then advances the checkpoint.
-/// Retries with backoff (the caller is not reading meanwhile: backpressure).
-async fn deliver(
-    batch: &mut Vec<Message>,
-    cfg: &SessionConfig,
-    shared: &SessionShared,
-    deps: &SessionDeps,
-    sink: &Sink,
-    ctl: &SessionControl,
-) -> Result<(), PumpEnd> {
-    let Some(last) = batch.last().map(|m| m.seq) else {
-        return Ok(());
-    };
-    let mut attempt = 0u32;
-    loop {
-        if ctl.abort.is_cancelled() {
-            return Err(PumpEnd::Aborted);
-        }
-        // Property 1b: never deliver on a lease whose renewal is not recent enough.
-        if !shared.fence.is_valid() {
-            return Err(PumpEnd::Fenced);
-        }
-        let payload = Batch {
-            connection: &cfg.connection,
-            worker: &cfg.worker_id,
-            token: cfg.token,
-            messages: batch,
-        };
-        let sent = Instant::now();
-        let result = tokio::select! {
-            // Boxed: the HTTP client's future only lives during a delivery.
-            r = Box::pin(sink.deliver(&payload)) => r,
-            _ = ctl.abort.cancelled() => return Err(PumpEnd::Aborted),
-        };
-        deps.metrics
-            .sink_batch_seconds
-            .observe(sent.elapsed().as_secs_f64());
-        match result {
-            Ok(()) => {
-                deps.metrics
-                    .sink_batches
-                    .get_or_create(&[("sink", sink.kind()), ("result", "ok")])
-                    .inc();
-                deps.metrics.messages_delivered.inc_by(batch.len() as u64);
-                shared.ack(last);
-                if attempt > 0 {
-                    tracing::info!(stream = %cfg.key, attempts = attempt + 1, "sink accepted the batch again");
-                    shared.update_status(|s| {
-                        s.reason = None;
-                        s.message = None;
-                    });
-                }
-                batch.clear();
-                return Ok(());
-            }
-            Err(SinkError::Fenced) => {
-                deps.metrics
-                    .sink_batches
-                    .get_or_create(&[("sink", sink.kind()), ("result", "fenced")])
-                    .inc();
-                return Err(PumpEnd::SinkFenced);
-            }
-            Err(e) => {
-                deps.metrics
-                    .sink_batches
-                    .get_or_create(&[("sink", sink.kind()), ("result", e.category())])
-                    .inc();
-                let delay = SINK_BACKOFF.delay(attempt);
-                if attempt.is_multiple_of(20) {
-                    tracing::warn!(stream = %cfg.key, error = %e, attempt, "sink delivery failed; holding the batch and pausing reads");
-                }
-                shared.update_status(|s| {
-                    s.reason = Some("SinkUnavailable".into());
-                    s.message = Some(e.to_string());
-                });
-                attempt = attempt.saturating_add(1);
-                tokio::select! {
-                    _ = sleep(delay) => {}
-                    _ = ctl.abort.cancelled() => return Err(PumpEnd::Aborted),
-                }
-            }
-        }
-    }
-}
-
 async fn close(ws: &mut Ws, code: CloseCode) {
     let frame = CloseFrame {
         code,
@@ -667,16 +384,23 @@ async fn close(ws: &mut Ws, code: CloseCode) {
     let _ = timeout(CLOSE_TIMEOUT, ws.close(Some(frame))).await;
 }
 
-/// The sequence number of a message: from the JSON pointer, or the next counter
-/// value. `Ok(None)` for a replay at or below what was already taken.
+/// The next counter value: 0 with no checkpoint, else one past it.
+fn next_counter(high_water: &mut Option<u64>) -> u64 {
+    let next = high_water.map_or(0, |h| h + 1);
+    *high_water = Some(next);
+    next
+}
+
+/// The sequence number of a message: from the JSON pointer, or the next
+/// counter value. `Ok(None)` for a replay at or below what was already taken;
+/// with no checkpoint, every sequence number (0 included) is new.
 pub fn sequence_of(
     text: &str,
     pointer: Option<&str>,
-    high_water: &mut u64,
+    high_water: &mut Option<u64>,
 ) -> Result<Option<u64>, String> {
     let Some(pointer) = pointer else {
-        *high_water += 1;
-        return Ok(Some(*high_water));
+        return Ok(Some(next_counter(high_water)));
     };
     let value: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
@@ -684,10 +408,10 @@ pub fn sequence_of(
         .pointer(pointer)
         .and_then(serde_json::Value::as_u64)
         .ok_or_else(|| format!("no unsigned integer at {pointer}"))?;
-    if seq <= *high_water {
+    if high_water.is_some_and(|h| seq <= h) {
         return Ok(None);
     }
-    *high_water = seq;
+    *high_water = Some(seq);
     Ok(Some(seq))
 }
 
@@ -696,20 +420,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counter_sequences_continue_from_the_checkpoint() {
-        let mut hw = 41;
+    fn counter_sequences_start_at_zero_and_continue_from_a_checkpoint() {
+        let mut none = None;
+        assert_eq!(sequence_of("x", None, &mut none), Ok(Some(0)));
+        assert_eq!(sequence_of("y", None, &mut none), Ok(Some(1)));
+        let mut hw = Some(41);
         assert_eq!(sequence_of("x", None, &mut hw), Ok(Some(42)));
-        assert_eq!(sequence_of("y", None, &mut hw), Ok(Some(43)));
+    }
+
+    #[test]
+    fn a_zero_based_feed_delivers_sequence_zero_without_a_checkpoint() {
+        let mut hw = None;
+        assert_eq!(
+            sequence_of(r#"{"seq":0}"#, Some("/seq"), &mut hw),
+            Ok(Some(0))
+        );
+        assert_eq!(sequence_of(r#"{"seq":0}"#, Some("/seq"), &mut hw), Ok(None));
+        let mut zero = Some(0);
+        assert_eq!(
+            sequence_of(r#"{"seq":0}"#, Some("/seq"), &mut zero),
+            Ok(None),
+            "checkpoint 0 means 0 was delivered"
+        );
     }
 
     #[test]
     fn pointer_sequences_skip_replays_and_reject_messages_without_one() {
-        let mut hw = 10;
+        let mut hw = Some(10);
         assert_eq!(sequence_of(r#"{"seq":9}"#, Some("/seq"), &mut hw), Ok(None));
-        assert_eq!(
-            sequence_of(r#"{"seq":10}"#, Some("/seq"), &mut hw),
-            Ok(None)
-        );
         assert_eq!(
             sequence_of(r#"{"seq":11}"#, Some("/seq"), &mut hw),
             Ok(Some(11))
@@ -720,26 +458,6 @@ mod tests {
         );
         assert!(sequence_of(r#"{"seq":"13"}"#, Some("/seq"), &mut hw).is_err());
         assert!(sequence_of("not json", Some("/seq"), &mut hw).is_err());
-        assert_eq!(hw, 12);
-    }
-
-    #[test]
-    fn status_changes_are_written_once() {
-        let shared = SessionShared::new(Fence::new(Duration::from_secs(1), Instant::now()), 0);
-        assert!(
-            shared.take_status().is_some(),
-            "initial Pending status is unwritten"
-        );
-        assert!(shared.take_status().is_none());
-        shared.update_status(|s| s.phase = "Pending".into());
-        assert!(
-            shared.take_status().is_none(),
-            "no change, nothing to write"
-        );
-        shared.update_status(|s| s.phase = "Connected".into());
-        assert_eq!(
-            shared.take_status().map(|s| s.phase),
-            Some("Connected".into())
-        );
+        assert_eq!(hw, Some(12));
     }
 }

@@ -1,10 +1,13 @@
-//! An HTTP sink that records every delivery: which sequence numbers arrived (to
-//! find gaps and duplicates), under which fencing token (to find deliveries from
-//! an owner that had already been superseded), and when.
+//! The demo's sink: an HTTP sink that verifies what it receives — which
+//! sequence numbers arrived (gaps, duplicates), under which fencing token
+//! (deliveries from an owner already superseded), and when. It can act as a
+//! fencing-aware sink: refusing stale tokens with the contract's fenced signal.
 
+use crate::sink::FENCED_HEADER;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::routing::post;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
@@ -42,7 +45,7 @@ pub struct StreamLog {
 }
 
 impl StreamLog {
-    /// Sequence numbers missing between the first and the highest delivered.
+    /// Sequence numbers missing between `first` and the highest delivered.
     pub fn gaps(&self, first: u64) -> Vec<u64> {
         let Some((&max, _)) = self.seqs.last_key_value() else {
             return Vec::new();
@@ -52,8 +55,8 @@ impl StreamLog {
             .collect()
     }
 
-    pub fn max_seq(&self) -> u64 {
-        self.seqs.last_key_value().map(|(s, _)| *s).unwrap_or(0)
+    pub fn max_seq(&self) -> Option<u64> {
+        self.seqs.last_key_value().map(|(s, _)| *s)
     }
 
     pub fn duplicates(&self) -> u64 {
@@ -62,41 +65,34 @@ impl StreamLog {
             .map(|n| u64::from(n.saturating_sub(1)))
             .sum()
     }
-
-    /// First batch at or after `since` carrying a token above `token`.
-    pub fn first_batch_after(&self, since: Instant, token: u64) -> Option<Instant> {
-        self.batches
-            .iter()
-            .find(|(at, t, _)| *at >= since && *t > token)
-            .map(|(at, _, _)| *at)
-    }
 }
 
 #[derive(Default)]
 struct SinkState {
     streams: Mutex<HashMap<String, StreamLog>>,
-    failing: AtomicBool,
     reject_stale: AtomicBool,
     requests: AtomicU64,
-    /// Count messages only (for throughput runs, where recording would be the bottleneck).
-    count_only: AtomicBool,
     messages: AtomicU64,
 }
 
-/// A running recording sink; stops when dropped.
-pub struct RecordingSink {
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running verifying sink; stops when dropped.
+pub struct VerifyingSink {
     pub addr: SocketAddr,
     state: Arc<SinkState>,
     task: JoinHandle<()>,
 }
 
-impl Drop for RecordingSink {
+impl Drop for VerifyingSink {
     fn drop(&mut self) {
         self.task.abort();
     }
 }
 
-impl RecordingSink {
+impl VerifyingSink {
     pub async fn start(listen: SocketAddr) -> std::io::Result<Self> {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
@@ -114,22 +110,13 @@ impl RecordingSink {
         format!("http://{}/", self.addr)
     }
 
-    /// While failing, every request gets HTTP 503 and nothing is recorded.
-    pub fn set_failing(&self, failing: bool) {
-        self.state.failing.store(failing, Ordering::SeqCst);
-    }
-
-    /// Answer 409 to deliveries carrying a superseded token (a fencing-aware sink).
+    /// Refuse deliveries carrying a superseded token with the fenced signal
+    /// (HTTP 409 and `Tether-Fenced: true`), as a fencing-aware sink does.
     pub fn set_reject_stale(&self, reject: bool) {
         self.state.reject_stale.store(reject, Ordering::SeqCst);
     }
 
-    /// Count messages without recording them.
-    pub fn set_count_only(&self, on: bool) {
-        self.state.count_only.store(on, Ordering::SeqCst);
-    }
-
-    /// Messages accepted so far (in every mode).
+    /// Messages accepted so far.
     pub fn messages(&self) -> u64 {
         self.state.messages.load(Ordering::SeqCst)
     }
@@ -158,37 +145,30 @@ impl RecordingSink {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-async fn receive(State(state): State<Arc<SinkState>>, body: axum::body::Bytes) -> StatusCode {
+async fn receive(
+    State(state): State<Arc<SinkState>>,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
     state.requests.fetch_add(1, Ordering::SeqCst);
-    if state.failing.load(Ordering::SeqCst) {
-        return StatusCode::SERVICE_UNAVAILABLE;
-    }
     let Ok(payload) = serde_json::from_slice::<Payload>(&body) else {
-        return StatusCode::BAD_REQUEST;
+        return StatusCode::BAD_REQUEST.into_response();
     };
-    state
-        .messages
-        .fetch_add(payload.messages.len() as u64, Ordering::SeqCst);
-    if state.count_only.load(Ordering::SeqCst) {
-        return StatusCode::OK;
-    }
     let mut streams = lock(&state.streams);
     let log = streams.entry(payload.connection).or_default();
     if payload.token < log.max_token {
         log.stale_messages += payload.messages.len() as u64;
         if state.reject_stale.load(Ordering::SeqCst) {
-            return StatusCode::CONFLICT;
+            return (StatusCode::CONFLICT, [(FENCED_HEADER, "true")]).into_response();
         }
     }
+    state
+        .messages
+        .fetch_add(payload.messages.len() as u64, Ordering::SeqCst);
     log.max_token = log.max_token.max(payload.token);
     for m in &payload.messages {
         *log.seqs.entry(m.seq).or_insert(0) += 1;
     }
     log.batches
         .push((Instant::now(), payload.token, payload.worker));
-    StatusCode::OK
+    StatusCode::OK.into_response()
 }

@@ -1,6 +1,8 @@
 //! An HTTP proxy in front of a DynamoDB-compatible server that can cut a worker
-//! off (requests hang, as in a partition) or throttle it (a share of requests
-//! answered with `ProvisionedThroughputExceededException`, as DynamoDB does).
+//! off (requests hang, as in a partition), throttle it (a share of requests
+//! answered with `ProvisionedThroughputExceededException`, as DynamoDB does),
+//! slow it down (a brownout), or shift the `Date` header of its answers (so the
+//! worker's clock looks skewed against the store's).
 
 use axum::Router;
 use axum::body::Bytes;
@@ -22,6 +24,12 @@ pub enum DynamoFault {
     Blackhole,
     /// This fraction of requests (0.0..=1.0) is throttled.
     Throttle(f64),
+    /// Every request is answered only after this long (a brownout).
+    Slow(std::time::Duration),
+    /// Writes reach the server but their answers are lost (HTTP 500 instead),
+    /// and reads of single items fail: a writer cannot learn whether its write
+    /// landed. Queries still answer.
+    LoseWriteAnswers,
 }
 
 struct ProxyState {
@@ -29,6 +37,8 @@ struct ProxyState {
     client: reqwest::Client,
     mode: watch::Receiver<DynamoFault>,
     throttled: AtomicU64,
+    /// Seconds added to every response's `Date` header.
+    date_shift: std::sync::atomic::AtomicI64,
 }
 
 /// A running proxy; stops when dropped.
@@ -55,6 +65,7 @@ impl DynamoFaultProxy {
             client: reqwest::Client::new(),
             mode: receiver,
             throttled: AtomicU64::new(0),
+            date_shift: std::sync::atomic::AtomicI64::new(0),
         });
         let app = Router::new().fallback(forward).with_state(state.clone());
         let task = tokio::spawn(async move {
@@ -74,6 +85,12 @@ impl DynamoFaultProxy {
 
     pub fn set(&self, fault: DynamoFault) {
         self.mode.send_replace(fault);
+    }
+
+    /// Shifts the `Date` header of every answer by `seconds` (positive: the
+    /// store's clock looks ahead, so the worker's looks behind).
+    pub fn shift_date(&self, seconds: i64) {
+        self.state.date_shift.store(seconds, Ordering::SeqCst);
     }
 
     /// Requests answered with a throttling error so far.
@@ -104,6 +121,7 @@ async fn forward(
             )
                 .into_response();
         }
+        DynamoFault::Slow(delay) => tokio::time::sleep(delay).await,
         _ => {}
     }
     let mut request = state.client.post(&state.target).body(body);
@@ -112,18 +130,87 @@ async fn forward(
             request = request.header(name, value);
         }
     }
-    match request.send().await {
+    let sent = request.send().await;
+    let target = headers
+        .get("x-amz-target")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let write_or_item_read = ["UpdateItem", "PutItem", "DeleteItem", "GetItem"]
+        .iter()
+        .any(|op| target.ends_with(op));
+    if mode == DynamoFault::LoseWriteAnswers && write_or_item_read {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    match sent {
         Ok(resp) => {
             let status = resp.status();
             let mut out = HeaderMap::new();
+            let shift = state.date_shift.load(Ordering::SeqCst);
             for (name, value) in resp.headers() {
-                if name != "content-length" && name != "transfer-encoding" {
+                if name != "content-length" && name != "transfer-encoding" && name != "date" {
                     out.insert(name.clone(), value.clone());
                 }
+            }
+            // Always answer with a Date (hyper adds none to a proxied response otherwise).
+            let date = chrono_like_now(shift);
+            if let Ok(v) = axum::http::HeaderValue::from_str(&date) {
+                out.insert("date", v);
             }
             let bytes = resp.bytes().await.unwrap_or_default();
             (status, out, bytes).into_response()
         }
         Err(_) => StatusCode::BAD_GATEWAY.into_response(),
+    }
+}
+
+/// An IMF-fixdate `Date` header value for now plus `shift` seconds.
+fn chrono_like_now(shift: i64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+        + shift;
+    http_date(now)
+}
+
+/// Formats epoch seconds as `Wed, 02 Dec 2026 17:54:11 GMT`.
+pub fn http_date(epoch_secs: i64) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let days = epoch_secs.div_euclid(86_400);
+    let secs = epoch_secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{}, {:02} {} {} {:02}:{:02}:{:02} GMT",
+        DAYS[days.rem_euclid(7) as usize],
+        day,
+        MONTHS[(month - 1) as usize],
+        year,
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn http_dates_are_imf_fixdate() {
+        assert_eq!(super::http_date(0), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(
+            super::http_date(1_796_234_051),
+            "Wed, 02 Dec 2026 17:54:11 GMT"
+        );
     }
 }

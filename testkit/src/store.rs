@@ -1,9 +1,9 @@
-//! Shared test support: a real DynamoDB-compatible server for every test binary.
+//! A real DynamoDB-compatible server for every test binary.
 //!
-//! By default an embedded dynoxide server runs on `127.0.0.1:0` on its own thread
-//! (so it outlives each test's runtime). Setting `TETHER_TEST_DYNAMODB_ENDPOINT`
-//! points the same tests at another server, e.g. dynalite in CI.
-#![allow(dead_code)]
+//! By default an embedded dynoxide server runs on `127.0.0.1:0` on its own
+//! thread (so it outlives each test's runtime). Setting
+//! `TETHER_TEST_DYNAMODB_ENDPOINT` points the same tests at another server,
+//! e.g. dynalite in CI.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, OnceLock};
@@ -52,6 +52,7 @@ pub fn unique_table(prefix: &str) -> String {
     format!("{prefix}-{:08x}", rand::random::<u32>())
 }
 
+/// Settings for a table on the server under test.
 pub fn store_config(table: &str) -> StoreConfig {
     let mut cfg = StoreConfig::local(table, endpoint().0);
     cfg.retry = RetryPolicy {
@@ -64,8 +65,7 @@ pub fn store_config(table: &str) -> StoreConfig {
 /// A store on a fresh table of its own.
 pub async fn fresh_store(page_size: Option<i32>) -> LeaseStore {
     tether::install_crypto_provider();
-    let table = unique_table("t");
-    let mut cfg = store_config(&table);
+    let mut cfg = store_config(&unique_table("t"));
     cfg.page_size = page_size;
     let store = LeaseStore::connect(cfg, Arc::new(StoreMetrics::new()))
         .await
@@ -74,44 +74,24 @@ pub async fn fresh_store(page_size: Option<i32>) -> LeaseStore {
     store
 }
 
-/// Polls `check` every 100 ms until it holds; panics after `limit` with `what`
-/// and whatever `explain` returns (e.g. a process log).
-pub async fn eventually_or<F, Fut>(
-    limit: Duration,
-    what: &str,
-    mut check: F,
-    explain: impl Fn() -> String,
-) where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting until {what}\n{}",
-            explain()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// [`eventually_or`] without extra explanation.
-pub async fn eventually<F, Fut>(limit: Duration, what: &str, check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    eventually_or(limit, what, check, String::new).await
-}
-
-/// Worker-process settings for `store`'s table with the fast test timings
-/// (lease 3 s, heartbeat 0.5 s), logs under `logs`.
-pub fn fleet(store: &LeaseStore, logs: &std::path::Path) -> tether::testkit::fleet::FleetConfig {
-    tether::testkit::fleet::FleetConfig::fast(
-        env!("CARGO_BIN_EXE_tether"),
-        endpoint().0,
-        store.table(),
-        logs,
-    )
+/// A plain DynamoDB client for the server under test, for writing items the
+/// store never would (a version-1 table, hand-edited items).
+pub async fn raw_client() -> aws_sdk_dynamodb::Client {
+    let (id, secret) = tether::lease::LOCAL_CREDENTIALS;
+    let conf = aws_sdk_dynamodb::config::Builder::new()
+        .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+        .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
+        .endpoint_url(endpoint().0)
+        .credentials_provider(aws_credential_types::Credentials::new(
+            id, secret, None, None, "test",
+        ))
+        .http_client(
+            aws_smithy_http_client::Builder::new()
+                .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                    aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+                ))
+                .build_https(),
+        )
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(conf)
 }

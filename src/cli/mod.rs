@@ -1,0 +1,88 @@
+//! The `tether` command line: one function per subcommand, and the store
+//! wiring they share. `main.rs` parses and calls [`run`].
+
+mod apply;
+mod get;
+mod serve;
+mod signal;
+mod table;
+
+pub use apply::apply as apply_manifests;
+pub use get::table_text;
+pub use signal::shutdown_signal;
+
+use crate::config::{Cli, Command, StoreArgs, TableCommand};
+use crate::embedded::EmbeddedStore;
+use crate::lease::{LeaseStore, RetryPolicy, StoreConfig};
+use crate::metrics::{Metrics, StoreMetrics};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+/// An open store, plus the embedded server behind it when one was asked for
+/// (kept alive for as long as the store is used).
+pub struct OpenStore {
+    pub store: LeaseStore,
+    pub embedded: Option<EmbeddedStore>,
+}
+
+/// Connects to the table the flags describe. With `--embedded-store` the
+/// embedded store is started in-process and its table created; otherwise the
+/// standard AWS configuration decides, and nothing is ever started silently.
+pub async fn open_store(args: &StoreArgs, metrics: Arc<StoreMetrics>) -> anyhow::Result<OpenStore> {
+    let embedded = match &args.embedded_store {
+        Some(path) => Some(
+            EmbeddedStore::start(
+                Some(path.as_path()),
+                SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let mut cfg = match &embedded {
+        Some(server) => StoreConfig::local(&args.table, server.endpoint()),
+        None => StoreConfig::new(&args.table),
+    };
+    cfg.retry = RetryPolicy {
+        deadline: args.store_call_deadline,
+        ..RetryPolicy::default()
+    };
+    let store = LeaseStore::connect(cfg, metrics).await?;
+    // The embedded store starts empty; give it its table so local use needs no step.
+    if embedded.is_some() {
+        store.create_table().await?;
+    }
+    Ok(OpenStore { store, embedded })
+}
+
+/// Runs one subcommand to completion.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    crate::install_crypto_provider();
+    let metrics = Arc::new(Metrics::new());
+    let open = || open_store(&cli.store, metrics.store.clone());
+    match cli.command {
+        Command::Table {
+            command: TableCommand::Create,
+        } => table::create(&open().await?.store).await,
+        Command::Table {
+            command: TableCommand::FinishUpgrade,
+        } => table::finish_upgrade(&open().await?.store).await,
+        Command::Get { ref name, output } => {
+            get::get(&open().await?.store, name.as_deref(), output).await
+        }
+        Command::LocalStore { listen, ref data } => serve::local_store(listen, data).await,
+        Command::Apply { ref path } => apply::apply(&open().await?.store, path).await,
+        Command::Delete { ref name } => apply::delete(&open().await?.store, name).await,
+        Command::Demo(args) => crate::demo::run(args).await,
+        Command::Worker(args) => {
+            let open = open().await?;
+            let secrets = crate::worker::secrets::SecretSource::Standalone;
+            serve::worker(open, metrics, args, secrets, None, shutdown_signal()).await
+        }
+        Command::Operator(args) => serve::operator(&cli.store, metrics, args).await,
+        Command::Crd => {
+            print!("{}", crate::crd::crd_yaml()?);
+            Ok(())
+        }
+    }
+}

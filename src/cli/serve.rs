@@ -1,0 +1,139 @@
+//! The long-running subcommands: `worker`, `operator`, `local-store`.
+
+use super::{OpenStore, open_store, shutdown_signal};
+use crate::config::{StoreArgs, WorkerArgs};
+use crate::embedded::EmbeddedStore;
+use crate::http::Health;
+use crate::metrics::Metrics;
+use crate::worker::restart::PodLookup;
+use crate::worker::secrets::SecretSource;
+use crate::worker::{WorkerCtx, WorkerSettings, policy::HostPolicy};
+use anyhow::{Context, bail};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+/// `tether local-store`: serve the embedded store until SIGINT/SIGTERM.
+pub async fn local_store(listen: SocketAddr, data: &Path) -> anyhow::Result<()> {
+    let mut server = EmbeddedStore::start(Some(data), listen).await?;
+    println!(
+        "embedded DynamoDB-compatible store listening on {}",
+        server.endpoint()
+    );
+    println!("  export AWS_ENDPOINT_URL_DYNAMODB={}", server.endpoint());
+    tokio::select! {
+        reason = server.stopped() => bail!("{reason}"),
+        _ = shutdown_signal() => {}
+    }
+    server.shutdown().await;
+    Ok(())
+}
+
+/// `tether worker` (and the worker half of `tether operator`).
+pub async fn worker(
+    open: OpenStore,
+    metrics: Arc<Metrics>,
+    args: WorkerArgs,
+    secrets: SecretSource,
+    pod: Option<PodLookup>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let settings = WorkerSettings::from_args(&args)?;
+    open.store.check_table().await?;
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
+    let health = Arc::new(Health::new(
+        open.store.reachability(),
+        open.store.clock(),
+        settings.max_clock_skew,
+    ));
+    let ctx = Arc::new(WorkerCtx::new(
+        settings,
+        open.store.clone(),
+        metrics.worker.clone(),
+        HostPolicy::new(args.allow_hosts.clone()),
+        secrets,
+        pod,
+    )?);
+    let stop_server = tokio_util::sync::CancellationToken::new();
+    let mut server = std::pin::pin!(tokio::spawn(crate::http::serve(
+        listener,
+        metrics.clone(),
+        health.clone(),
+        stop_server.clone().cancelled_owned(),
+    )));
+    let result = tokio::select! {
+        r = crate::worker::run(ctx, health, shutdown) => r.map_err(anyhow::Error::from),
+        r = &mut server => Err(anyhow::anyhow!("metrics server stopped: {r:?}")),
+    };
+    stop_server.cancel();
+    let _ = server.await;
+    drop(open);
+    result
+}
+
+/// `tether operator`: the controller and a worker in one process, stopped
+/// together by SIGTERM/SIGINT. Exits non-zero if the CRD is missing or the
+/// controller stops on its own.
+pub async fn operator(
+    store_args: &StoreArgs,
+    metrics: Arc<Metrics>,
+    args: WorkerArgs,
+) -> anyhow::Result<()> {
+    let client = kube::Client::try_default().await.context(
+        "cannot configure a Kubernetes client (run in a pod with a service account, or set KUBECONFIG)",
+    )?;
+    crate::controller::check_crd(&client).await?;
+    let open = open_store(store_args, metrics.store.clone()).await?;
+    let instance = args
+        .worker_id
+        .clone()
+        .unwrap_or_else(crate::worker::settings::default_worker_id);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown_signal().await;
+            shutdown.cancel();
+        }
+    });
+    let ctx = Arc::new(crate::controller::Context::new(
+        client.clone(),
+        open.store.clone(),
+        &instance,
+        args.status_refresh,
+    ));
+    let mut controller = tokio::spawn(crate::controller::run(
+        ctx,
+        shutdown.clone().cancelled_owned(),
+    ));
+    let pod = PodLookup::from_env(client.clone());
+    let worker = worker(
+        open,
+        metrics,
+        args,
+        SecretSource::Kubernetes(client),
+        pod,
+        shutdown.clone().cancelled_owned(),
+    );
+    tokio::pin!(worker);
+    tokio::select! {
+        result = &mut worker => {
+            shutdown.cancel();
+            let _ = controller.await;
+            result
+        }
+        _ = &mut controller => {
+            // Finishing after SIGTERM is the plan; finishing before it is not.
+            let unexpected = !shutdown.is_cancelled();
+            shutdown.cancel();
+            let result = worker.await;
+            if unexpected {
+                bail!("the controller stopped unexpectedly");
+            }
+            result
+        }
+    }
+}

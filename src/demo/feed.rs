@@ -1,0 +1,275 @@
+//! The demo's feed: a WebSocket upstream that emits `{"seq":N,...}` messages
+//! with increasing `seq` per stream, replays from `?after=N` (from its first
+//! sequence number when `after` is empty or absent), pings its clients and
+//! drops those that stop answering (as real feeds do), and records each
+//! session's open and close instants, so overlapping sessions can be counted.
+//! The test kit serves it over TLS and adds misbehaving feeds of its own.
+
+use futures::{SinkExt, StreamExt};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, interval};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+
+/// How often the feed pings clients. Short, so a paused client is dropped
+/// well within a test's lease, as a real feed's keepalive would.
+const PING_INTERVAL: Duration = Duration::from_secs(1);
+/// A client silent this long is dropped (it is dead or paused).
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Idle sessions (rate 0, for memory benchmarks) ping like a typical
+/// production feed instead, so ten thousand of them are not a ping flood.
+const IDLE_PING_INTERVAL: Duration = Duration::from_secs(15);
+const IDLE_CLIENT_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// How a feed behaves.
+#[derive(Clone, Copy, Debug)]
+pub struct FeedOptions {
+    /// Messages per second per session (0: idle sessions that only exchange pings).
+    pub rate: u32,
+    /// The first sequence number of every stream (0 for a zero-based feed).
+    pub first_seq: u64,
+}
+
+impl Default for FeedOptions {
+    fn default() -> Self {
+        Self {
+            rate: 10,
+            first_seq: 1,
+        }
+    }
+}
+
+/// One recorded session.
+#[derive(Clone, Debug)]
+pub struct SessionRecord {
+    pub id: u64,
+    pub stream: String,
+    /// The `after` the client asked for (`None`: no checkpoint).
+    pub after: Option<u64>,
+    pub opened: Instant,
+    pub closed: Option<Instant>,
+    pub first_sent: Option<Instant>,
+    /// Last seq sent on this session.
+    pub last_sent: Option<u64>,
+    /// The `Authorization` header the client sent, if any (test data only).
+    pub authorization: Option<String>,
+}
+
+#[derive(Default)]
+struct State {
+    sessions: Mutex<Vec<SessionRecord>>,
+    next_id: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running feed; stops when dropped.
+pub struct Feed {
+    pub addr: SocketAddr,
+    options: FeedOptions,
+    state: Arc<State>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+impl Feed {
+    /// Serves plain `ws://` on `listen`.
+    pub async fn start(listen: SocketAddr, options: FeedOptions) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(listen).await?;
+        let mut feed = Self::detached(listener.local_addr()?, options);
+        let serving = feed.handle();
+        feed.task = Some(tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let _ = socket.set_nodelay(true);
+                tokio::spawn(serving.clone().serve(socket));
+            }
+        }));
+        Ok(feed)
+    }
+
+    /// A feed that accepts nothing itself: connections are handed to it with
+    /// [`FeedHandle::serve`] (e.g. after a TLS handshake).
+    pub fn detached(addr: SocketAddr, options: FeedOptions) -> Self {
+        Self {
+            addr,
+            options,
+            state: Arc::new(State::default()),
+            task: None,
+        }
+    }
+
+    /// Something that serves connections for this feed.
+    pub fn handle(&self) -> FeedHandle {
+        FeedHandle {
+            state: self.state.clone(),
+            options: self.options,
+        }
+    }
+
+    /// The URL a stream uses, with the `{last_seq}` placeholder.
+    pub fn url(&self, stream: &str) -> String {
+        format!("ws://{}/{stream}?after={{last_seq}}", self.addr)
+    }
+
+    /// Every session so far, in opening order.
+    pub fn sessions(&self) -> Vec<SessionRecord> {
+        lock(&self.state.sessions).clone()
+    }
+
+    /// Sessions of one stream.
+    pub fn sessions_of(&self, stream: &str) -> Vec<SessionRecord> {
+        self.sessions()
+            .into_iter()
+            .filter(|s| s.stream == stream)
+            .collect()
+    }
+
+    /// Streams with an open session right now, and how many each.
+    pub fn open_sessions(&self) -> HashMap<String, usize> {
+        let mut open = HashMap::new();
+        for s in self.sessions().into_iter().filter(|s| s.closed.is_none()) {
+            *open.entry(s.stream).or_insert(0) += 1;
+        }
+        open
+    }
+
+    /// Pairs of sessions of one stream that were open at the same time.
+    pub fn overlaps(&self) -> Vec<(SessionRecord, SessionRecord)> {
+        let sessions = self.sessions();
+        let mut by_stream: HashMap<&str, Vec<&SessionRecord>> = HashMap::new();
+        for s in &sessions {
+            by_stream.entry(&s.stream).or_default().push(s);
+        }
+        let far = Instant::now() + Duration::from_secs(86400 * 365);
+        let mut out = Vec::new();
+        for list in by_stream.values() {
+            for (i, a) in list.iter().enumerate() {
+                for b in &list[i + 1..] {
+                    if a.opened < b.closed.unwrap_or(far) && b.opened < a.closed.unwrap_or(far) {
+                        out.push(((*a).clone(), (*b).clone()));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Serves connections for one feed.
+#[derive(Clone)]
+pub struct FeedHandle {
+    state: Arc<State>,
+    options: FeedOptions,
+}
+
+impl FeedHandle {
+    /// Serves one connection (a WebSocket handshake, then the stream).
+    pub async fn serve<S>(self, socket: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let mut target: Option<(String, Option<u64>, Option<String>)> = None;
+        // tungstenite's callback signature fixes the error type.
+        #[allow(clippy::result_large_err)]
+        let callback = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
+            let stream = req.uri().path().trim_start_matches('/').to_string();
+            let after = req
+                .uri()
+                .query()
+                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("after=")))
+                .and_then(|v| v.parse().ok());
+            let authorization = req
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            target = Some((stream, after, authorization));
+            Ok(resp)
+        };
+        let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(socket, callback).await else {
+            return;
+        };
+        let Some((stream, after, authorization)) = target else {
+            return;
+        };
+        let id = self.state.next_id.fetch_add(1, Ordering::SeqCst);
+        let index = {
+            let mut sessions = lock(&self.state.sessions);
+            sessions.push(SessionRecord {
+                id,
+                stream: stream.clone(),
+                after,
+                opened: Instant::now(),
+                closed: None,
+                first_sent: None,
+                last_sent: None,
+                authorization,
+            });
+            sessions.len() - 1
+        };
+        let mut next = after.map_or(self.options.first_seq, |a| a + 1);
+        let period = (self.options.rate > 0)
+            .then(|| Duration::from_secs_f64(1.0 / f64::from(self.options.rate)));
+        // Idle sessions tick once a day: effectively never.
+        let mut tick = interval(period.unwrap_or(Duration::from_secs(86_400)));
+        if period.is_none() {
+            tick.tick().await;
+        }
+        let (ping_every, client_timeout) = match period {
+            Some(_) => (PING_INTERVAL, CLIENT_TIMEOUT),
+            None => (IDLE_PING_INTERVAL, IDLE_CLIENT_TIMEOUT),
+        };
+        let mut ping = interval(ping_every);
+        let mut last_heard = Instant::now();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let seq = next;
+                    next += 1;
+                    let text = format!(r#"{{"seq":{seq},"stream":"{stream}","payload":"message {seq} of {stream}"}}"#);
+                    // A client that stopped reading (paused, or applying
+                    // backpressure) eventually fills the socket buffers; give up then.
+                    if !matches!(tokio::time::timeout(CLIENT_TIMEOUT, ws.send(Message::Text(text.into()))).await, Ok(Ok(()))) {
+                        break;
+                    }
+                    let mut sessions = lock(&self.state.sessions);
+                    let s = &mut sessions[index];
+                    s.first_sent.get_or_insert_with(Instant::now);
+                    s.last_sent = Some(seq);
+                }
+                _ = ping.tick() => {
+                    if last_heard.elapsed() > client_timeout {
+                        break;
+                    }
+                    if !matches!(tokio::time::timeout(CLIENT_TIMEOUT, ws.send(Message::Ping(Vec::new().into()))).await, Ok(Ok(()))) {
+                        break;
+                    }
+                }
+                frame = ws.next() => match frame {
+                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                    Some(Ok(_)) => last_heard = Instant::now(),
+                }
+            }
+        }
+        // Record the close before the socket is torn down, so a successor's
+        // open can never be recorded earlier than this close when they did not overlap.
+        lock(&self.state.sessions)[index].closed = Some(Instant::now());
+        drop(ws);
+    }
+}

@@ -1,0 +1,369 @@
+//! Table administration: create, check, and upgrade in place.
+//!
+//! The table has one index, `by_holder` (partition key `holder`): STARTED
+//! streams nobody owns sit in `UNOWNED#<shard>`, a worker's streams in
+//! `<incarnation>#<shard>`, worker items in `WORKERS`. An item moves between
+//! partitions only when its ownership changes. Tables made by version 1 also
+//! have `by_state` (`desired_state` / `lease_expires_at_ms`); it is kept while
+//! version-1 workers may still run, and dropped by `tether table finish-upgrade`.
+
+use super::client::LeaseStore;
+use super::codec::{HOLDER_INDEX_ATTRIBUTES, attr, n, s};
+use super::error::StoreError;
+use super::keys::STREAM_PK_PREFIX;
+use super::record::DesiredState;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, CreateGlobalSecondaryIndexAction,
+    DeleteGlobalSecondaryIndexAction, GlobalSecondaryIndex, GlobalSecondaryIndexUpdate,
+    IndexStatus, KeySchemaElement, KeyType, Projection, ProjectionType, ProvisionedThroughput,
+    ScalarAttributeType, TableStatus, TimeToLiveSpecification,
+};
+use std::time::{Duration, Instant};
+
+/// The index the protocol queries.
+pub const HOLDER_INDEX: &str = "by_holder";
+/// Version 1's index, kept during a rolling upgrade.
+pub const LEGACY_INDEX: &str = "by_state";
+/// How long `table create` waits for the table and its index to become ACTIVE.
+const TABLE_ACTIVE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Poll interval while waiting for ACTIVE.
+const TABLE_POLL: Duration = Duration::from_millis(200);
+
+/// What `tether table create` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableChange {
+    Created,
+    /// An existing version-1 table got the `by_holder` index.
+    Upgraded,
+    Unchanged,
+}
+
+/// Which indexes an existing table has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableLayout {
+    pub active: bool,
+    /// `by_holder`: `Some(active)` when present.
+    pub holder_index: Option<bool>,
+    /// `by_state` (version 1) is present.
+    pub legacy_index: bool,
+    /// `(read, write)` capacity units of a provisioned table; `None` on demand.
+    pub provisioned: Option<(i64, i64)>,
+}
+
+fn key(name: &str, kind: KeyType) -> KeySchemaElement {
+    KeySchemaElement::builder()
+        .attribute_name(name)
+        .key_type(kind)
+        .build()
+        .expect("both required fields are set")
+}
+
+fn def(name: &str) -> AttributeDefinition {
+    AttributeDefinition::builder()
+        .attribute_name(name)
+        .attribute_type(ScalarAttributeType::S)
+        .build()
+        .expect("both required fields are set")
+}
+
+fn holder_projection() -> Projection {
+    let mut p = Projection::builder().projection_type(ProjectionType::Include);
+    for a in HOLDER_INDEX_ATTRIBUTES {
+        p = p.non_key_attributes(a);
+    }
+    p.build()
+}
+
+impl LeaseStore {
+    /// Creates the table with its index (on-demand billing) if missing, adds
+    /// the index to a version-1 table, enables TTL for worker items, and waits
+    /// until everything is ACTIVE.
+    pub async fn create_table(&self) -> Result<TableChange, StoreError> {
+        let change = match self.describe().await {
+            Err(StoreError::TableNotFound { .. }) => {
+                let gsi = GlobalSecondaryIndex::builder()
+                    .index_name(HOLDER_INDEX)
+                    .key_schema(key(attr::HOLDER, KeyType::Hash))
+                    .projection(holder_projection())
+                    .build()
+                    .expect("GSI fields are set");
+                let created = self
+                    .call_plain("create_table", None, || {
+                        self.client
+                            .create_table()
+                            .table_name(&self.table)
+                            .billing_mode(BillingMode::PayPerRequest)
+                            .attribute_definitions(def(attr::PK))
+                            .attribute_definitions(def(attr::HOLDER))
+                            .key_schema(key(attr::PK, KeyType::Hash))
+                            .global_secondary_indexes(gsi.clone())
+                            .send()
+                    })
+                    .await;
+                match created {
+                    Ok(_) => TableChange::Created,
+                    // Created concurrently by somebody else: fine.
+                    Err(StoreError::Rejected { detail, .. })
+                        if detail.starts_with("ResourceInUseException") =>
+                    {
+                        TableChange::Unchanged
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+            Ok(layout) if layout.holder_index.is_none() => {
+                self.wait_active(|l| l.active).await?;
+                // A provisioned table's new index needs capacity of its own:
+                // it gets the table's.
+                let action = CreateGlobalSecondaryIndexAction::builder()
+                    .index_name(HOLDER_INDEX)
+                    .key_schema(key(attr::HOLDER, KeyType::Hash))
+                    .projection(holder_projection())
+                    .set_provisioned_throughput(layout.provisioned.map(|(read, write)| {
+                        ProvisionedThroughput::builder()
+                            .read_capacity_units(read)
+                            .write_capacity_units(write)
+                            .build()
+                            .expect("both fields are set")
+                    }))
+                    .build()
+                    .expect("GSI fields are set");
+                let add_index = |action: CreateGlobalSecondaryIndexAction| {
+                    self.call_plain("update_table", None, move || {
+                        self.client
+                            .update_table()
+                            .table_name(&self.table)
+                            .attribute_definitions(def(attr::HOLDER))
+                            .global_secondary_index_updates(
+                                GlobalSecondaryIndexUpdate::builder()
+                                    .create(action.clone())
+                                    .build(),
+                            )
+                            .send()
+                    })
+                };
+                match add_index(action.clone()).await {
+                    // Some DynamoDB-compatible servers (dynalite) insist on
+                    // capacity even for an on-demand table's index.
+                    Err(StoreError::Rejected { detail, .. })
+                        if detail.contains("provisionedThroughput")
+                            && action.provisioned_throughput().is_none() =>
+                    {
+                        let mut with_capacity = action;
+                        with_capacity.provisioned_throughput = Some(
+                            ProvisionedThroughput::builder()
+                                .read_capacity_units(1)
+                                .write_capacity_units(1)
+                                .build()
+                                .expect("both fields are set"),
+                        );
+                        add_index(with_capacity).await?;
+                    }
+                    other => {
+                        other?;
+                    }
+                }
+                TableChange::Upgraded
+            }
+            Ok(_) => TableChange::Unchanged,
+        };
+        if change == TableChange::Upgraded {
+            // DynamoDB lists a new index as CREATING at once; a server that
+            // accepted the update but shows no index will never build it.
+            tokio::time::sleep(TABLE_POLL).await;
+            if self.describe().await?.holder_index.is_none() {
+                return Err(StoreError::Rejected {
+                    operation: "update_table",
+                    detail: format!(
+                        "the server accepted adding index {HOLDER_INDEX} to '{}' but did not add it (this DynamoDB-compatible server cannot add indexes to existing tables)",
+                        self.table
+                    ),
+                });
+            }
+        }
+        self.wait_active(|l| l.active && l.holder_index == Some(true))
+            .await?;
+        self.enable_ttl().await;
+        Ok(change)
+    }
+
+    /// TTL on `expires_at` removes the items of workers that crashed long ago.
+    /// Best effort: some DynamoDB-compatible servers lack TTL.
+    async fn enable_ttl(&self) {
+        let described = self
+            .client
+            .describe_time_to_live()
+            .table_name(&self.table)
+            .send()
+            .await;
+        let enabled = described
+            .as_ref()
+            .ok()
+            .and_then(|d| d.time_to_live_description())
+            .is_some_and(|t| {
+                t.attribute_name() == Some(attr::EXPIRES_AT)
+                    && matches!(
+                        t.time_to_live_status(),
+                        Some(
+                            aws_sdk_dynamodb::types::TimeToLiveStatus::Enabled
+                                | aws_sdk_dynamodb::types::TimeToLiveStatus::Enabling
+                        )
+                    )
+            });
+        if enabled {
+            return;
+        }
+        let spec = TimeToLiveSpecification::builder()
+            .attribute_name(attr::EXPIRES_AT)
+            .enabled(true)
+            .build()
+            .expect("fields are set");
+        if let Err(e) = self
+            .client
+            .update_time_to_live()
+            .table_name(&self.table)
+            .time_to_live_specification(spec)
+            .send()
+            .await
+        {
+            tracing::debug!(error = %super::client::root_cause(&e), "TTL not enabled on this server");
+        }
+    }
+
+    /// Confirms the table exists and has the `by_holder` index, and reports
+    /// whether version 1's index is still there.
+    pub async fn check_table(&self) -> Result<TableLayout, StoreError> {
+        let layout = self.describe().await?;
+        if layout.holder_index.is_none() {
+            return Err(StoreError::NeedsUpgrade {
+                table: self.table.clone(),
+            });
+        }
+        if !layout.active {
+            tracing::warn!(table = %self.table, "table is not ACTIVE yet");
+        }
+        Ok(layout)
+    }
+
+    pub async fn describe(&self) -> Result<TableLayout, StoreError> {
+        let out = self
+            .call("describe_table", None, || {
+                self.client.describe_table().table_name(&self.table).send()
+            })
+            .await?
+            .map_err(|_| StoreError::TableNotFound {
+                table: self.table.clone(),
+            })?;
+        let table = out.table();
+        let indexes = table
+            .map(|t| t.global_secondary_indexes())
+            .unwrap_or_default();
+        let index = |name: &str| {
+            indexes
+                .iter()
+                .find(|g| g.index_name() == Some(name))
+                // Some emulators omit the index status: treat it as ACTIVE.
+                .map(|g| matches!(g.index_status(), None | Some(IndexStatus::Active)))
+        };
+        let on_demand = table
+            .and_then(|t| t.billing_mode_summary())
+            .and_then(|b| b.billing_mode())
+            == Some(&BillingMode::PayPerRequest);
+        let provisioned = table
+            .and_then(|t| t.provisioned_throughput())
+            .filter(|_| !on_demand)
+            .map(|p| {
+                (
+                    p.read_capacity_units().unwrap_or(0).max(1),
+                    p.write_capacity_units().unwrap_or(0).max(1),
+                )
+            });
+        Ok(TableLayout {
+            provisioned,
+            active: table.and_then(|t| t.table_status()) == Some(&TableStatus::Active),
+            holder_index: index(HOLDER_INDEX),
+            legacy_index: index(LEGACY_INDEX).is_some(),
+        })
+    }
+
+    async fn wait_active(&self, ready: impl Fn(&TableLayout) -> bool) -> Result<(), StoreError> {
+        let started = Instant::now();
+        loop {
+            let layout = self.describe().await?;
+            if ready(&layout) {
+                return Ok(());
+            }
+            if started.elapsed() > TABLE_ACTIVE_TIMEOUT {
+                return Err(StoreError::Rejected {
+                    operation: "create_table",
+                    detail: format!("table '{}' did not become ACTIVE in time", self.table),
+                });
+            }
+            tokio::time::sleep(TABLE_POLL).await;
+        }
+    }
+
+    /// Ends a rolling upgrade from version 1: gives every free STARTED stream
+    /// that lacks one its `holder` (version-1 writers never set it), then drops
+    /// `by_state`. Run it only once no version-1 process uses the table. Returns
+    /// how many items were given a holder. A scan: an administrative command.
+    pub async fn finish_upgrade(&self) -> Result<usize, StoreError> {
+        let layout = self.check_table().await?;
+        let mut fixed = 0;
+        for item in self.scan_prefix("scan", STREAM_PK_PREFIX).await? {
+            let Ok(record) = super::codec::stream_record(&item) else {
+                continue;
+            };
+            let free = record.lease_expires_at_ms == 0;
+            if record.holder.is_some()
+                || !free
+                || record.desired_state != DesiredState::Started
+                || record.is_tombstone()
+            {
+                continue;
+            }
+            let key = record.key.pk();
+            let done = self
+                .call("finish_upgrade", Some(&key), || {
+                    self.client
+                        .update_item()
+                        .table_name(&self.table)
+                        .key(attr::PK, s(&key))
+                        .update_expression("SET #h = :h")
+                        .condition_expression(
+                            "attribute_not_exists(#h) AND #e = :zero AND desired_state = :started",
+                        )
+                        .expression_attribute_names("#h", attr::HOLDER)
+                        .expression_attribute_names("#e", attr::LEASE_EXPIRES_AT_MS)
+                        .expression_attribute_values(":h", s(record.key.unowned_holder()))
+                        .expression_attribute_values(":zero", n(0))
+                        .expression_attribute_values(":started", s(DesiredState::Started.as_str()))
+                        .send()
+                })
+                .await?;
+            fixed += usize::from(done.is_ok());
+        }
+        if layout.legacy_index {
+            self.call_plain("update_table", None, || {
+                self.client
+                    .update_table()
+                    .table_name(&self.table)
+                    .global_secondary_index_updates(
+                        GlobalSecondaryIndexUpdate::builder()
+                            .delete(
+                                DeleteGlobalSecondaryIndexAction::builder()
+                                    .index_name(LEGACY_INDEX)
+                                    .build()
+                                    .expect("name is set"),
+                            )
+                            .build(),
+                    )
+                    .send()
+            })
+            .await?;
+            self.wait_active(|l| !l.legacy_index).await?;
+        }
+        Ok(fixed)
+    }
+}

@@ -1,0 +1,410 @@
+//! Control-plane writes (the controller, `tether apply`, `tether delete`): the
+//! desired state of a stream, and its deletion as a tombstone.
+//!
+//! Every write is optimistic on the item as just read (generation, resource
+//! UID, token, ownership), so a lagging writer can neither resurrect a deleted
+//! stream nor overwrite a newer resource's item; on a conflict it reads again.
+//! These writes never change who owns a stream: they tell the owner instead
+//! (its inbox), and the owner acts.
+
+use super::client::{ConditionFailed, LeaseStore};
+use super::clock::now_ms;
+use super::codec::{attr, n, s};
+use super::error::StoreError;
+use super::keys::{StreamKey, UNOWNED_HOLDER_PREFIX};
+use super::record::{
+    DesiredState, DesiredStream, Ownership, StreamRecord, UpsertOutcome, UpsertRefusal,
+};
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
+
+/// Attempts of a control-plane write that keeps meeting concurrent changes.
+const MAX_CONTROL_ATTEMPTS: usize = 5;
+/// Session-status attributes a re-created stream starts without.
+const STATUS_ATTRIBUTES: [&str; 6] = [
+    attr::PHASE,
+    attr::STATUS_REASON,
+    attr::STATUS_MESSAGE,
+    attr::CONNECTED_SINCE_MS,
+    attr::RECONNECTS,
+    attr::SERVED_GENERATION,
+];
+
+/// Result of [`LeaseStore::delete_stream`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    Deleted,
+    NotFound,
+    /// STOPPED, but the owner did not release it within the wait.
+    StillOwned {
+        owner: String,
+    },
+}
+
+/// Result of [`LeaseStore::tombstone`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TombstoneOutcome {
+    Deleted,
+    NotFound,
+    /// A live owner still holds it (mark it STOPPED and wait, or force).
+    StillOwned {
+        owner: String,
+    },
+}
+
+/// A write built from the item as read, conditioned on it not having changed.
+struct Guarded {
+    set: Vec<String>,
+    remove: Vec<&'static str>,
+    condition: String,
+    values: Vec<(String, AttributeValue)>,
+}
+
+impl Guarded {
+    /// Conditioned on `current` (or on the item not existing).
+    fn on(current: Option<&StreamRecord>) -> Self {
+        let mut g = Self {
+            set: Vec::new(),
+            remove: Vec::new(),
+            condition: String::new(),
+            values: Vec::new(),
+        };
+        match current {
+            None => g.condition = "attribute_not_exists(Pk)".into(),
+            Some(c) => {
+                g.condition = "attribute_exists(Pk)".into();
+                g.equal_or_zero("#gen", ":g0", c.generation.max(0) as u64);
+                g.equal_or_zero("#exp", ":e0", c.lease_expires_at_ms);
+                g.equal_or_zero(attr::LEASE_COUNTER, ":c0", c.lease_counter);
+                g.equal_or_absent(attr::UID, ":u0", c.uid.as_ref().map(s));
+                g.equal_or_absent(attr::DELETED_AT_MS, ":d0", c.deleted_at_ms.map(n));
+                g.equal_or_absent(
+                    attr::DESIRED_STATE,
+                    ":ds0",
+                    Some(s(c.desired_state.as_str())),
+                );
+            }
+        }
+        g
+    }
+
+    fn value(&mut self, name: &str, v: AttributeValue) {
+        self.values.push((name.to_string(), v));
+    }
+
+    fn equal_or_absent(&mut self, attribute: &str, placeholder: &str, v: Option<AttributeValue>) {
+        match v {
+            Some(v) => {
+                self.condition
+                    .push_str(&format!(" AND {attribute} = {placeholder}"));
+                self.value(placeholder, v);
+            }
+            None => self
+                .condition
+                .push_str(&format!(" AND attribute_not_exists({attribute})")),
+        }
+    }
+
+    /// Numbers that default to 0 may be stored as 0 or not at all.
+    fn equal_or_zero(&mut self, attribute: &str, placeholder: &str, v: u64) {
+        if v == 0 {
+            self.condition.push_str(&format!(
+                " AND (attribute_not_exists({attribute}) OR {attribute} = {placeholder})"
+            ));
+        } else {
+            self.condition
+                .push_str(&format!(" AND {attribute} = {placeholder}"));
+        }
+        self.value(placeholder, n(v));
+    }
+
+    fn set(&mut self, clause: &str, placeholder: &str, v: AttributeValue) {
+        self.set.push(clause.to_string());
+        self.value(placeholder, v);
+    }
+
+    fn expression(&self) -> String {
+        let mut e = format!("SET {}", self.set.join(", "));
+        if !self.remove.is_empty() {
+            e.push_str(&format!(" REMOVE {}", self.remove.join(", ")));
+        }
+        e
+    }
+}
+
+/// What the index partition of a free or stopped stream should be.
+fn holder_for(key: &StreamKey, desired: DesiredState, ownership: &Ownership) -> Option<String> {
+    match (ownership, desired) {
+        (Ownership::Free, DesiredState::Started) => Some(key.unowned_holder()),
+        _ => None,
+    }
+}
+
+/// Whether the item already says everything `desired` says.
+fn matches(current: &StreamRecord, desired: &DesiredStream, spec: &serde_json::Value) -> bool {
+    let free_holder_ok = match current.ownership() {
+        Ownership::Free => {
+            current.holder == holder_for(&current.key, current.desired_state, &Ownership::Free)
+        }
+        _ => true,
+    };
+    !current.is_tombstone()
+        && current.desired_state == desired.desired_state
+        && current.ws_url == desired.ws_url
+        && current.spec.as_ref() == Some(spec)
+        && current.generation == desired.generation
+        && current.uid == desired.resource.as_ref().map(|r| r.uid.clone())
+        && free_holder_ok
+}
+
+impl LeaseStore {
+    /// Mirrors desired state into the item, creating it if needed. Never
+    /// touches lease fields or `last_seq` (a new item is created unowned, with
+    /// `lease_expires_at_ms = 0`). Refuses an older generation of the same
+    /// resource, an item of a newer resource, and a deleted resource.
+    pub async fn upsert_desired(
+        &self,
+        desired: &DesiredStream,
+    ) -> Result<UpsertOutcome, StoreError> {
+        let key = &desired.key;
+        let spec_text = serde_json::to_string(&desired.spec).map_err(|e| StoreError::Rejected {
+            operation: "upsert_desired",
+            detail: format!("spec is not serialisable: {e}"),
+        })?;
+        // Compare as stored: the spec goes through a JSON string.
+        let spec: serde_json::Value = serde_json::from_str(&spec_text).unwrap_or_default();
+        for _ in 0..MAX_CONTROL_ATTEMPTS {
+            let current = self.get(key).await?;
+            if let Some(c) = &current {
+                if let Some(refusal) = refusal(c, desired) {
+                    return Ok(UpsertOutcome::Refused { reason: refusal });
+                }
+                if matches(c, desired, &spec) {
+                    return Ok(UpsertOutcome::Unchanged);
+                }
+            }
+            let ownership = current
+                .as_ref()
+                .map_or(Ownership::Free, StreamRecord::ownership);
+            let mut g = Guarded::on(current.as_ref());
+            g.set(
+                "desired_state = :d",
+                ":d",
+                s(desired.desired_state.as_str()),
+            );
+            g.set("ws_url = :u", ":u", s(&desired.ws_url));
+            g.set("spec = :spec", ":spec", s(&spec_text));
+            g.set("#gen = :g", ":g", n(desired.generation));
+            g.set("#exp = if_not_exists(#exp, :zero)", ":zero", n(0));
+            g.set(
+                "created_at_ms = if_not_exists(created_at_ms, :now)",
+                ":now",
+                n(now_ms()),
+            );
+            if let Some(r) = &desired.resource {
+                g.set("uid = :uid", ":uid", s(&r.uid));
+                g.set("resource_created_ms = :rc", ":rc", n(r.created_ms));
+            }
+            match holder_for(key, desired.desired_state, &ownership) {
+                Some(h) => g.set("holder = :h", ":h", s(h)),
+                None if current
+                    .as_ref()
+                    .and_then(|c| c.holder.as_deref())
+                    .is_some_and(|h| h.starts_with(UNOWNED_HOLDER_PREFIX)) =>
+                {
+                    g.remove.push(attr::HOLDER)
+                }
+                None => {}
+            }
+            let reviving = current.as_ref().is_some_and(StreamRecord::is_tombstone);
+            let replacing = current.as_ref().is_some_and(|c| {
+                c.uid.is_some() && c.uid != desired.resource.as_ref().map(|r| r.uid.clone())
+            });
+            if reviving || replacing {
+                // A new stream of an old name: no checkpoint, no stale status;
+                // the fencing token carries on.
+                g.remove.push(attr::DELETED_AT_MS);
+                g.remove.push(attr::LAST_SEQ);
+                g.remove.extend(STATUS_ATTRIBUTES);
+            }
+            if self.guarded_write("upsert_desired", key, &g).await? {
+                if let Ownership::Owned(owner) = ownership {
+                    self.notify_owner(&owner, key).await?;
+                }
+                return Ok(UpsertOutcome::Applied);
+            }
+        }
+        Err(StoreError::Rejected {
+            operation: "upsert_desired",
+            detail: format!("{key} kept changing while it was being written"),
+        })
+    }
+
+    /// Deletes a stream, keeping its fencing token in a tombstone (so a stream
+    /// re-created under the same name continues from a higher token, and
+    /// token-checking sinks keep accepting it). Refuses while a live owner
+    /// holds it unless `force` (then the owner is told and releases).
+    pub async fn tombstone(
+        &self,
+        key: &StreamKey,
+        owner_alive: bool,
+        force: bool,
+    ) -> Result<TombstoneOutcome, StoreError> {
+        for _ in 0..MAX_CONTROL_ATTEMPTS {
+            let Some(current) = self.get(key).await?.filter(|c| !c.is_tombstone()) else {
+                return Ok(TombstoneOutcome::NotFound);
+            };
+            let ownership = current.ownership();
+            let owned = match &ownership {
+                Ownership::Free => false,
+                Ownership::Owned(_) => owner_alive,
+                Ownership::Legacy { expires_at_ms, .. } => *expires_at_ms > now_ms(),
+            };
+            if owned && !force {
+                return Ok(TombstoneOutcome::StillOwned {
+                    owner: current.lease_owner.clone().unwrap_or_default(),
+                });
+            }
+            let mut g = Guarded::on(Some(&current));
+            g.set("deleted_at_ms = :deleted", ":deleted", n(now_ms()));
+            g.set(
+                "desired_state = :stopped",
+                ":stopped",
+                s(DesiredState::Stopped.as_str()),
+            );
+            g.remove.extend([attr::WS_URL, attr::SPEC, attr::LAST_SEQ]);
+            if ownership == Ownership::Free {
+                g.remove.push(attr::HOLDER);
+            }
+            if self.guarded_write("tombstone", key, &g).await? {
+                if let Ownership::Owned(owner) = ownership {
+                    self.notify_owner(&owner, key).await?;
+                }
+                return Ok(TombstoneOutcome::Deleted);
+            }
+        }
+        Err(StoreError::Rejected {
+            operation: "tombstone",
+            detail: format!("{key} kept changing while it was being deleted"),
+        })
+    }
+
+    /// Deletes a stream the safe way: marks it STOPPED (its owner is told and
+    /// releases it), waits up to `wait` for the release (or for the owner to be
+    /// dead), then leaves a tombstone. Standalone mode (no resource identity).
+    pub async fn delete_stream(
+        &self,
+        key: &StreamKey,
+        wait: std::time::Duration,
+    ) -> Result<DeleteOutcome, StoreError> {
+        const POLL: std::time::Duration = std::time::Duration::from_millis(250);
+        let Some(current) = self.get(key).await?.filter(|r| !r.is_tombstone()) else {
+            return Ok(DeleteOutcome::NotFound);
+        };
+        if current.desired_state != DesiredState::Stopped {
+            let mut spec = current.spec.clone().unwrap_or_default();
+            if let Some(obj) = spec.as_object_mut() {
+                obj.insert("desiredState".into(), serde_json::json!("Stopped"));
+            }
+            let stopped = DesiredStream {
+                key: key.clone(),
+                desired_state: DesiredState::Stopped,
+                ws_url: current.ws_url.clone(),
+                spec,
+                generation: current.generation + 1,
+                resource: None,
+            };
+            if let UpsertOutcome::Refused { reason } = self.upsert_desired(&stopped).await? {
+                return Err(StoreError::Rejected {
+                    operation: "delete",
+                    detail: format!("cannot stop {key}: {reason:?}"),
+                });
+            }
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let Some(record) = self.get(key).await?.filter(|r| !r.is_tombstone()) else {
+                return Ok(DeleteOutcome::Deleted);
+            };
+            let alive = self.owner_alive(&record).await?;
+            match self.tombstone(key, alive, false).await? {
+                TombstoneOutcome::Deleted => return Ok(DeleteOutcome::Deleted),
+                TombstoneOutcome::NotFound => return Ok(DeleteOutcome::NotFound),
+                TombstoneOutcome::StillOwned { owner } => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Ok(DeleteOutcome::StillOwned { owner });
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+            }
+        }
+    }
+
+    /// One optimistic write; `false` when the item changed since it was read.
+    async fn guarded_write(
+        &self,
+        operation: &'static str,
+        key: &StreamKey,
+        g: &Guarded,
+    ) -> Result<bool, StoreError> {
+        let pk = key.pk();
+        let expression = g.expression();
+        let out = self
+            .call(operation, Some(&pk), || {
+                let mut req = self
+                    .client
+                    .update_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(&pk))
+                    .update_expression(&expression)
+                    .condition_expression(&g.condition)
+                    .expression_attribute_names("#gen", attr::GENERATION)
+                    .expression_attribute_names("#exp", attr::LEASE_EXPIRES_AT_MS)
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
+                for (name, value) in &g.values {
+                    req = req.expression_attribute_values(name, value.clone());
+                }
+                req.send()
+            })
+            .await?;
+        Ok(match out {
+            Ok(o) => {
+                self.record_capacity(operation, o.consumed_capacity());
+                true
+            }
+            Err(ConditionFailed) => false,
+        })
+    }
+}
+
+/// Why `desired` must not overwrite `current`, if it must not.
+fn refusal(current: &StreamRecord, desired: &DesiredStream) -> Option<UpsertRefusal> {
+    let Some(resource) = &desired.resource else {
+        // Standalone: generations only.
+        return (!current.is_tombstone() && current.generation > desired.generation).then_some(
+            UpsertRefusal::StaleGeneration {
+                stored: current.generation,
+            },
+        );
+    };
+    match &current.uid {
+        Some(uid) if *uid == resource.uid => {
+            if current.is_tombstone() {
+                Some(UpsertRefusal::Deleted)
+            } else if current.generation > desired.generation {
+                Some(UpsertRefusal::StaleGeneration {
+                    stored: current.generation,
+                })
+            } else {
+                None
+            }
+        }
+        Some(uid) => {
+            // Another resource of the same name wrote it: the newer one wins.
+            let stored_created = current.resource_created_ms.unwrap_or(0);
+            (stored_created >= resource.created_ms).then(|| UpsertRefusal::NewerResource {
+                stored_uid: uid.clone(),
+            })
+        }
+        None => None,
+    }
+}

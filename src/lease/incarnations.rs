@@ -1,0 +1,544 @@
+//! Worker items: one per process incarnation, renewed every heartbeat.
+//!
+//! Liveness is proven per worker, not per stream. A renewal bumps
+//! `heartbeat_version` under the condition `worker_state = LIVE`; a peer that
+//! has watched the version stand still for a whole lease (on its own monotonic
+//! clock) marks the item DEAD under the condition that the version is still the
+//! one it watched. Once DEAD an incarnation can never renew again, so its
+//! streams can be moved without transactions. The same item carries the
+//! worker's packed checkpoints (shard 0), its load for fair share, and an inbox
+//! of streams the control plane changed.
+
+use super::client::{ConditionFailed, LeaseStore};
+use super::clock::now_ms;
+use super::codec::{
+    Item, Malformed, attr, checkpoints, checkpoints_value, fleet_entry, n, s, worker_record,
+};
+use super::error::StoreError;
+use super::keys::{FLEET_HOLDER, Incarnation, StreamKey};
+use super::pages::PartitionQuery;
+use super::record::{
+    Checkpoint, Checkpoints, FleetEntry, InboxEntry, PodIdentity, WorkerRecord, WorkerState,
+};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, KeysAndAttributes, ReturnConsumedCapacity, ReturnValue,
+};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// TTL of a live worker's item, refreshed by every renewal: long enough never
+/// to lapse under a live worker, short enough that crashed ones disappear.
+const LIVE_ITEM_TTL: Duration = Duration::from_secs(24 * 3600);
+/// TTL of a DEAD or LEFT worker's items (their checkpoints are needed only
+/// until their streams have moved).
+const ENDED_ITEM_TTL: Duration = Duration::from_secs(3600);
+/// DynamoDB's BatchGetItem limit.
+const BATCH_GET_LIMIT: usize = 100;
+/// Retries of BatchGetItem's unprocessed keys.
+const BATCH_GET_ATTEMPTS: usize = 5;
+
+fn ttl(from_now: Duration) -> AttributeValue {
+    n(now_ms() / 1000 + from_now.as_secs())
+}
+
+/// One renewal: what the worker reports and what it has handled.
+#[derive(Debug, Default)]
+pub struct Renewal<'a> {
+    pub version: u64,
+    /// The lease, for the informational `alive_until_ms` people read.
+    pub lease_ms: u64,
+    pub held: u64,
+    /// Checkpoint shard 0.
+    pub checkpoints: Vec<(&'a StreamKey, &'a Checkpoint)>,
+    /// How many checkpoint shards exist in all (0: none, 1: only shard 0).
+    pub checkpoint_shards: u32,
+    /// Inbox entries handled since the last renewal (their stored elements).
+    pub handled: Vec<String>,
+}
+
+/// What a renewal found.
+#[derive(Debug, PartialEq)]
+pub enum RenewOutcome {
+    /// Renewed; the inbox of streams the control plane changed.
+    Renewed { changed: Vec<InboxEntry> },
+    /// A peer declared this incarnation dead: everything it held has moved or
+    /// will move. It must stop serving and start over as a new incarnation.
+    Dead,
+}
+
+/// The fleet as the index shows it.
+#[derive(Debug, Default)]
+pub struct Fleet {
+    pub workers: Vec<FleetEntry>,
+    pub malformed: Vec<Malformed>,
+}
+
+impl LeaseStore {
+    /// Writes a new incarnation's item (LIVE, version 0).
+    pub async fn register(
+        &self,
+        me: &Incarnation,
+        pod: Option<&PodIdentity>,
+    ) -> Result<(), StoreError> {
+        let pk = me.pk();
+        let now = now_ms();
+        let out = self
+            .call("register", Some(&pk), || {
+                let mut req = self
+                    .client
+                    .put_item()
+                    .table_name(&self.table)
+                    .item(attr::PK, s(&pk))
+                    .item(attr::HOLDER, s(FLEET_HOLDER))
+                    .item(attr::INCARNATION, s(me.as_str()))
+                    .item(attr::WORKER_STATE, s(WorkerState::Live.as_str()))
+                    .item(attr::HEARTBEAT_VERSION, n(0))
+                    .item(attr::HEARTBEAT_AT_MS, n(now))
+                    .item(attr::CREATED_AT_MS, n(now))
+                    .item(attr::HELD, n(0))
+                    .item(attr::EXPIRES_AT, ttl(LIVE_ITEM_TTL))
+                    .condition_expression("attribute_not_exists(Pk)")
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
+                if let Some(pod) = pod {
+                    req = req
+                        .item(attr::POD_UID, s(&pod.uid))
+                        .item(attr::POD_CONTAINER, s(&pod.container))
+                        .item(attr::RESTART_COUNT, n(pod.restart_count));
+                }
+                req.send()
+            })
+            .await?;
+        match out {
+            Ok(o) => {
+                self.record_capacity("register", o.consumed_capacity());
+                Ok(())
+            }
+            // A retry of a put that landed: the item is ours if it is ours.
+            Err(ConditionFailed) => match self.worker(me).await? {
+                Some(w) if w.started_at_ms == now => Ok(()),
+                _ => Err(StoreError::Rejected {
+                    operation: "register",
+                    detail: format!("incarnation {me} already exists"),
+                }),
+            },
+        }
+    }
+
+    /// Renews this incarnation: bumps the version, writes load and checkpoint
+    /// shard 0, and returns the inbox. Fails only if it is no longer LIVE.
+    pub async fn renew(
+        &self,
+        me: &Incarnation,
+        renewal: &Renewal<'_>,
+    ) -> Result<RenewOutcome, StoreError> {
+        let pk = me.pk();
+        let mut update = String::from(
+            "SET heartbeat_version = :v, heartbeat_at_ms = :now, alive_until_ms = :until, \
+             held_streams = :held, checkpoints = :ck, checkpoint_shards = :shards, expires_at = :ttl",
+        );
+        if !renewal.handled.is_empty() {
+            update.push_str(" DELETE changed_streams :handled");
+        }
+        let out = self
+            .call("renew", Some(&pk), || {
+                let mut req = self
+                    .client
+                    .update_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(&pk))
+                    .update_expression(&update)
+                    .condition_expression("worker_state = :live")
+                    .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
+                    .expression_attribute_values(":v", n(renewal.version))
+                    .expression_attribute_values(":now", n(now_ms()))
+                    .expression_attribute_values(":held", n(renewal.held))
+                    .expression_attribute_values(":until", n(now_ms() + renewal.lease_ms))
+                    .expression_attribute_values(
+                        ":ck",
+                        checkpoints_value(renewal.checkpoints.iter().copied()),
+                    )
+                    .expression_attribute_values(":shards", n(renewal.checkpoint_shards))
+                    .expression_attribute_values(":ttl", ttl(LIVE_ITEM_TTL))
+                    .return_values(ReturnValue::AllNew)
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
+                if !renewal.handled.is_empty() {
+                    req = req.expression_attribute_values(
+                        ":handled",
+                        AttributeValue::Ss(renewal.handled.clone()),
+                    );
+                }
+                req.send()
+            })
+            .await?;
+        match out {
+            Ok(o) => {
+                self.record_capacity("renew", o.consumed_capacity());
+                let changed = o
+                    .attributes()
+                    .map(worker_record)
+                    .transpose()
+                    .map_err(|m| self.malformed(m))?
+                    .map(|w| w.changed_streams)
+                    .unwrap_or_default();
+                Ok(RenewOutcome::Renewed { changed })
+            }
+            Err(ConditionFailed) => Ok(RenewOutcome::Dead),
+        }
+    }
+
+    /// Writes checkpoint shard `shard` (≥ 1) of this incarnation.
+    pub async fn write_checkpoint_shard(
+        &self,
+        me: &Incarnation,
+        shard: u32,
+        entries: &[(&StreamKey, &Checkpoint)],
+    ) -> Result<(), StoreError> {
+        let pk = me.checkpoint_pk(shard);
+        let out = self
+            .call_plain("write_checkpoints", Some(&pk), || {
+                self.client
+                    .put_item()
+                    .table_name(&self.table)
+                    .item(attr::PK, s(&pk))
+                    .item(
+                        attr::CHECKPOINTS,
+                        checkpoints_value(entries.iter().copied()),
+                    )
+                    .item(attr::EXPIRES_AT, ttl(LIVE_ITEM_TTL))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
+                    .send()
+            })
+            .await?;
+        self.record_capacity("write_checkpoints", out.consumed_capacity());
+        Ok(())
+    }
+
+    /// Removes checkpoint shard `shard` (no longer needed).
+    pub async fn delete_checkpoint_shard(
+        &self,
+        me: &Incarnation,
+        shard: u32,
+    ) -> Result<(), StoreError> {
+        let pk = me.checkpoint_pk(shard);
+        let out = self
+            .call_plain("delete_checkpoints", Some(&pk), || {
+                self.client
+                    .delete_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(&pk))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
+                    .send()
+            })
+            .await?;
+        self.record_capacity("delete_checkpoints", out.consumed_capacity());
+        Ok(())
+    }
+
+    /// Every worker item (the `WORKERS` index partition).
+    pub async fn fleet(&self) -> Result<Fleet, StoreError> {
+        let items = self
+            .query_partition(PartitionQuery {
+                operation: "query_fleet",
+                index: super::admin::HOLDER_INDEX,
+                partition_attr: attr::HOLDER,
+                partition: FLEET_HOLDER,
+                sort_below: None,
+            })
+            .await?;
+        let mut fleet = Fleet::default();
+        for item in items {
+            match fleet_entry(&item) {
+                Ok(w) => fleet.workers.push(w),
+                Err(m) => fleet.malformed.push(m),
+            }
+        }
+        Ok(fleet)
+    }
+
+    /// One worker item, strongly consistent.
+    pub async fn worker(&self, who: &Incarnation) -> Result<Option<WorkerRecord>, StoreError> {
+        let item = self.get_raw("get_worker", &who.pk()).await?;
+        item.map(|i| worker_record(&i).map_err(|m| self.malformed(m)))
+            .transpose()
+    }
+
+    async fn get_raw(&self, operation: &'static str, pk: &str) -> Result<Option<Item>, StoreError> {
+        let out = self
+            .call_plain(operation, Some(pk), || {
+                self.client
+                    .get_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(pk))
+                    .consistent_read(true)
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                    .send()
+            })
+            .await?;
+        self.record_reads(operation, out.consumed_capacity());
+        Ok(out.item().cloned())
+    }
+
+    /// Several workers' items (eventually consistent: a stale read can only
+    /// delay a death verdict, whose conditional write rechecks the version).
+    pub async fn workers(&self, who: &[Incarnation]) -> Result<Vec<WorkerRecord>, StoreError> {
+        let mut found = Vec::new();
+        for chunk in who.chunks(BATCH_GET_LIMIT) {
+            let mut keys: Vec<HashMap<String, AttributeValue>> = chunk
+                .iter()
+                .map(|w| HashMap::from([(attr::PK.to_string(), s(w.pk()))]))
+                .collect();
+            for _ in 0..BATCH_GET_ATTEMPTS {
+                if keys.is_empty() {
+                    break;
+                }
+                let request = KeysAndAttributes::builder()
+                    .set_keys(Some(keys.clone()))
+                    .build()
+                    .map_err(|e| StoreError::Rejected {
+                        operation: "batch_get_workers",
+                        detail: e.to_string(),
+                    })?;
+                let out = self
+                    .call_plain("batch_get_workers", None, || {
+                        self.client
+                            .batch_get_item()
+                            .request_items(&self.table, request.clone())
+                            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                            .send()
+                    })
+                    .await?;
+                for c in out.consumed_capacity() {
+                    self.record_reads("batch_get_workers", Some(c));
+                }
+                for item in out
+                    .responses()
+                    .and_then(|r| r.get(&self.table))
+                    .into_iter()
+                    .flatten()
+                {
+                    match worker_record(item) {
+                        Ok(w) => found.push(w),
+                        Err(m) => {
+                            tracing::debug!(pk = %m.pk, detail = %m.detail, "unreadable worker item")
+                        }
+                    }
+                }
+                keys = out
+                    .unprocessed_keys()
+                    .and_then(|u| u.get(&self.table))
+                    .map(|k| k.keys().to_vec())
+                    .unwrap_or_default();
+            }
+        }
+        Ok(found)
+    }
+
+    /// Marks `who` DEAD if its version is still `observed_version` and it is
+    /// LIVE. Returns its state afterwards (DEAD whoever marked it).
+    pub async fn declare_dead(
+        &self,
+        who: &Incarnation,
+        observed_version: u64,
+    ) -> Result<Option<WorkerState>, StoreError> {
+        let pk = who.pk();
+        let out = self
+            .call("declare_dead", Some(&pk), || {
+                self.client
+                    .update_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(&pk))
+                    .update_expression("SET worker_state = :dead, expires_at = :ttl")
+                    .condition_expression("worker_state = :live AND heartbeat_version = :v")
+                    .expression_attribute_values(":dead", s(WorkerState::Dead.as_str()))
+                    .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
+                    .expression_attribute_values(":v", n(observed_version))
+                    .expression_attribute_values(":ttl", ttl(ENDED_ITEM_TTL))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
+                    .send()
+            })
+            .await?;
+        match out {
+            Ok(o) => {
+                self.record_capacity("declare_dead", o.consumed_capacity());
+                Ok(Some(WorkerState::Dead))
+            }
+            Err(ConditionFailed) => Ok(self.worker(who).await?.map(|w| w.state)),
+        }
+    }
+
+    /// Marks DEAD the LIVE incarnations of an earlier container of this pod:
+    /// the kubelet restarted the container, so that process is gone. Returns
+    /// the incarnations marked.
+    pub async fn declare_restarted_dead(
+        &self,
+        me: &Incarnation,
+        pod: &PodIdentity,
+        fleet: &[FleetEntry],
+    ) -> Result<Vec<Incarnation>, StoreError> {
+        let candidates: Vec<Incarnation> = fleet
+            .iter()
+            .filter(|w| w.state == WorkerState::Live && &w.incarnation != me)
+            .map(|w| w.incarnation.clone())
+            .collect();
+        let mut marked = Vec::new();
+        for w in self.workers(&candidates).await? {
+            let Some(theirs) = &w.pod else { continue };
+            if theirs.uid != pod.uid
+                || theirs.container != pod.container
+                || theirs.restart_count >= pod.restart_count
+            {
+                continue;
+            }
+            let pk = w.incarnation.pk();
+            let out = self
+                .call("declare_dead", Some(&pk), || {
+                    self.client
+                        .update_item()
+                        .table_name(&self.table)
+                        .key(attr::PK, s(&pk))
+                        .update_expression("SET worker_state = :dead, expires_at = :ttl")
+                        .condition_expression(
+                            "worker_state = :live AND pod_uid = :uid AND pod_container = :container AND restart_count < :restarts",
+                        )
+                        .expression_attribute_values(":dead", s(WorkerState::Dead.as_str()))
+                        .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
+                        .expression_attribute_values(":uid", s(&pod.uid))
+                        .expression_attribute_values(":container", s(&pod.container))
+                        .expression_attribute_values(":restarts", n(pod.restart_count))
+                        .expression_attribute_values(":ttl", ttl(ENDED_ITEM_TTL))
+                        .send()
+                })
+                .await?;
+            if out.is_ok() {
+                marked.push(w.incarnation.clone());
+            }
+        }
+        Ok(marked)
+    }
+
+    /// Records that this incarnation just released streams: the attribute is
+    /// in the fleet query, so peers scan for orphans on their next pass.
+    pub async fn mark_released(&self, me: &Incarnation) -> Result<(), StoreError> {
+        let pk = me.pk();
+        let out = self
+            .call("mark_released", Some(&pk), || {
+                self.client
+                    .update_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(&pk))
+                    .update_expression("SET released_at_ms = :now")
+                    .condition_expression("worker_state = :live")
+                    .expression_attribute_values(":now", n(now_ms()))
+                    .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
+                    .send()
+            })
+            .await?;
+        if let Ok(o) = out {
+            self.record_capacity("mark_released", o.consumed_capacity());
+        }
+        Ok(())
+    }
+
+    /// Marks this incarnation LEFT after a graceful shutdown released everything.
+    pub async fn leave(&self, me: &Incarnation) -> Result<(), StoreError> {
+        let pk = me.pk();
+        self.call("leave", Some(&pk), || {
+            self.client
+                .update_item()
+                .table_name(&self.table)
+                .key(attr::PK, s(&pk))
+                .update_expression(
+                    "SET worker_state = :left, expires_at = :ttl, held_streams = :zero",
+                )
+                .condition_expression("worker_state = :live")
+                .expression_attribute_values(":left", s(WorkerState::Left.as_str()))
+                .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
+                .expression_attribute_values(":ttl", ttl(ENDED_ITEM_TTL))
+                .expression_attribute_values(":zero", n(0))
+                .send()
+        })
+        .await?
+        .map_err(|_| StoreError::Rejected {
+            operation: "leave",
+            detail: format!("{me} is no longer LIVE"),
+        })?;
+        Ok(())
+    }
+
+    /// Everything a (dead) incarnation checkpointed: shard 0 and the rest,
+    /// strongly consistent, highest sequence per stream and token.
+    pub async fn checkpoints_of(&self, who: &Incarnation) -> Result<Checkpoints, StoreError> {
+        let Some(worker) = self.get_raw("get_worker", &who.pk()).await? else {
+            return Ok(Checkpoints::new());
+        };
+        let record = worker_record(&worker).map_err(|m| self.malformed(m))?;
+        let mut all = record.checkpoints;
+        for shard in 1..record.checkpoint_shards.max(1) {
+            if let Some(item) = self
+                .get_raw("get_checkpoints", &who.checkpoint_pk(shard))
+                .await?
+            {
+                for (key, c) in checkpoints(&item) {
+                    let entry = all.entry(key).or_insert(c);
+                    if (c.token, c.seq) > (entry.token, entry.seq) {
+                        *entry = c;
+                    }
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// Deletes a DEAD or LEFT incarnation's items once it holds nothing.
+    pub async fn forget_worker(&self, who: &Incarnation, shards: u32) -> Result<(), StoreError> {
+        for shard in 1..shards.max(1) {
+            self.delete_checkpoint_shard(who, shard).await?;
+        }
+        let pk = who.pk();
+        self.call("forget_worker", Some(&pk), || {
+            self.client
+                .delete_item()
+                .table_name(&self.table)
+                .key(attr::PK, s(&pk))
+                .condition_expression("worker_state <> :live")
+                .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
+                .send()
+        })
+        .await?
+        .ok();
+        Ok(())
+    }
+
+    /// Tells `owner` that `key` changed (desired state, spec, deletion): it
+    /// re-reads the stream after its next renewal. A dead or departed owner
+    /// has nothing to be told.
+    pub async fn notify_owner(
+        &self,
+        owner: &Incarnation,
+        key: &StreamKey,
+    ) -> Result<(), StoreError> {
+        let pk = owner.pk();
+        let out = self
+            .call("notify_owner", Some(&pk), || {
+                self.client
+                    .update_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(&pk))
+                    .update_expression("ADD changed_streams :k")
+                    .condition_expression("worker_state = :live")
+                    .expression_attribute_values(
+                        ":k",
+                        AttributeValue::Ss(vec![InboxEntry::new(key).raw]),
+                    )
+                    .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
+                    .send()
+            })
+            .await?;
+        if let Ok(o) = out {
+            self.record_capacity("notify_owner", o.consumed_capacity());
+        }
+        Ok(())
+    }
+}

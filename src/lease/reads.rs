@@ -1,0 +1,114 @@
+//! Reading streams: one item, all items (CLI), and the index partitions the
+//! fleet queries: unowned streams, one incarnation's streams, version-1
+//! orphans. A malformed item never fails a read: it is returned apart, so the
+//! caller can report it and serve the rest.
+
+use super::admin::{HOLDER_INDEX, LEGACY_INDEX};
+use super::client::LeaseStore;
+use super::codec::{Malformed, attr, s, stream_record};
+use super::error::StoreError;
+use super::keys::{HOLDER_SHARDS, Incarnation, STREAM_PK_PREFIX, StreamKey, unowned_holder};
+use super::pages::PartitionQuery;
+use super::record::{DesiredState, StreamRecord};
+
+/// Items read, and the ones that could not be.
+#[derive(Debug, Default)]
+pub struct Found {
+    pub records: Vec<StreamRecord>,
+    pub malformed: Vec<Malformed>,
+}
+
+impl Found {
+    fn extend(&mut self, items: Vec<super::codec::Item>) {
+        for item in items {
+            match stream_record(&item) {
+                Ok(r) => self.records.push(r),
+                Err(m) => self.malformed.push(m),
+            }
+        }
+    }
+}
+
+impl LeaseStore {
+    /// One stream (tombstones included), strongly consistent.
+    pub async fn get(&self, key: &StreamKey) -> Result<Option<StreamRecord>, StoreError> {
+        let pk = key.pk();
+        let out = self
+            .call_plain("get_item", Some(&pk), || {
+                self.client
+                    .get_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(&pk))
+                    .consistent_read(true)
+                    .send()
+            })
+            .await?;
+        out.item()
+            .map(|item| stream_record(item).map_err(|m| self.malformed(m)))
+            .transpose()
+    }
+
+    /// Every stream that is not deleted, sorted by name (a scan: for the CLI).
+    pub async fn list(&self) -> Result<Found, StoreError> {
+        let mut found = Found::default();
+        found.extend(self.scan_prefix("scan", STREAM_PK_PREFIX).await?);
+        found.records.retain(|r| !r.is_tombstone());
+        found.records.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(found)
+    }
+
+    /// STARTED streams nobody owns, in one `holder` shard. The items carry only
+    /// what the index projects (no spec): enough to classify and acquire.
+    pub async fn unowned(&self, shard: u32) -> Result<Found, StoreError> {
+        let holder = unowned_holder(shard);
+        let mut found = Found::default();
+        found.extend(
+            self.query_partition(PartitionQuery {
+                operation: "query_unowned",
+                index: HOLDER_INDEX,
+                partition_attr: attr::HOLDER,
+                partition: &holder,
+                sort_below: None,
+            })
+            .await?,
+        );
+        Ok(found)
+    }
+
+    /// Every stream an incarnation holds, across its shards (index items).
+    pub async fn held_by(&self, owner: &Incarnation) -> Result<Found, StoreError> {
+        let mut found = Found::default();
+        for shard in 0..HOLDER_SHARDS {
+            let holder = owner.holder(shard);
+            found.extend(
+                self.query_partition(PartitionQuery {
+                    operation: "query_held",
+                    index: HOLDER_INDEX,
+                    partition_attr: attr::HOLDER,
+                    partition: &holder,
+                    sort_below: None,
+                })
+                .await?,
+            );
+        }
+        Ok(found)
+    }
+
+    /// STARTED streams version-1 workers left behind: released (expiry 0) or
+    /// with a lapsed per-stream lease before `now_ms`. Only while `by_state`
+    /// exists (a rolling upgrade); the acquire's condition decides.
+    pub async fn legacy_orphans(&self, now_ms: u64) -> Result<Found, StoreError> {
+        let mut found = Found::default();
+        found.extend(
+            self.query_partition(PartitionQuery {
+                operation: "query_legacy",
+                index: LEGACY_INDEX,
+                partition_attr: attr::DESIRED_STATE,
+                partition: DesiredState::Started.as_str(),
+                sort_below: Some((attr::LEASE_EXPIRES_AT_MS, now_ms)),
+            })
+            .await?,
+        );
+        Ok(found)
+    }
+}

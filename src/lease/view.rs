@@ -1,0 +1,136 @@
+//! Streams as people see them (`tether get`, the controller's status): the
+//! stream item combined with its owner's worker item, which says whether the
+//! owner is alive and holds the freshest checkpoint.
+
+use super::client::LeaseStore;
+use super::clock::now_ms;
+use super::codec::Malformed;
+use super::error::StoreError;
+use super::keys::{Incarnation, StreamKey, worker_id_of};
+use super::record::{Checkpoints, Ownership, StreamRecord, WorkerRecord, WorkerState};
+use std::collections::HashMap;
+
+/// Who owns a stream, as far as anyone can tell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnerView {
+    /// The stored `lease_owner` (an incarnation, or a version-1 worker id).
+    pub owner: String,
+    pub worker_id: String,
+    /// The owner is alive (LIVE worker item, or an unexpired version-1 lease).
+    pub alive: bool,
+    /// Until when the owner has proven itself (wall clock, informational).
+    pub until_ms: Option<u64>,
+}
+
+/// A stream with its owner's view of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamView {
+    pub record: StreamRecord,
+    pub owner: Option<OwnerView>,
+    /// The freshest checkpoint: the item's, or the owner's packed one.
+    pub checkpoint: Option<u64>,
+}
+
+impl StreamView {
+    /// The live owner, if any.
+    pub fn live_owner(&self) -> Option<&OwnerView> {
+        self.owner.as_ref().filter(|o| o.alive)
+    }
+}
+
+fn combine(
+    record: StreamRecord,
+    owners: &HashMap<Incarnation, (WorkerRecord, Checkpoints)>,
+) -> StreamView {
+    let now = now_ms();
+    let (owner, packed) = match record.ownership() {
+        Ownership::Free => (None, None),
+        Ownership::Owned(inc) => {
+            let found = owners.get(&inc);
+            let alive = found.is_some_and(|(w, _)| w.state == WorkerState::Live);
+            let packed = found
+                .and_then(|(_, c)| c.get(&record.key))
+                .filter(|c| c.token == record.lease_counter)
+                .map(|c| c.seq);
+            (
+                Some(OwnerView {
+                    worker_id: inc.worker_id().to_string(),
+                    owner: inc.to_string(),
+                    alive,
+                    until_ms: found.map(|(w, _)| w.alive_until_ms).filter(|_| alive),
+                }),
+                packed,
+            )
+        }
+        Ownership::Legacy {
+            owner,
+            expires_at_ms,
+        } => (
+            Some(OwnerView {
+                worker_id: worker_id_of(&owner).to_string(),
+                owner,
+                alive: expires_at_ms > now,
+                until_ms: Some(expires_at_ms),
+            }),
+            None,
+        ),
+    };
+    StreamView {
+        checkpoint: record.last_seq.max(packed),
+        record,
+        owner,
+    }
+}
+
+impl LeaseStore {
+    async fn owners_of<'a>(
+        &self,
+        records: impl Iterator<Item = &'a StreamRecord>,
+    ) -> Result<HashMap<Incarnation, (WorkerRecord, Checkpoints)>, StoreError> {
+        let mut owners = HashMap::new();
+        for record in records {
+            if let Ownership::Owned(inc) = record.ownership()
+                && !owners.contains_key(&inc)
+                && let Some(worker) = self.worker(&inc).await?
+            {
+                let checkpoints = self.checkpoints_of(&inc).await?;
+                owners.insert(inc, (worker, checkpoints));
+            }
+        }
+        Ok(owners)
+    }
+
+    /// Every stream with its owner (a scan: for the CLI).
+    pub async fn view_all(&self) -> Result<(Vec<StreamView>, Vec<Malformed>), StoreError> {
+        let found = self.list().await?;
+        let owners = self.owners_of(found.records.iter()).await?;
+        let views = found
+            .records
+            .into_iter()
+            .map(|r| combine(r, &owners))
+            .collect();
+        Ok((views, found.malformed))
+    }
+
+    /// One stream with its owner (tombstones are `None`).
+    pub async fn view(&self, key: &StreamKey) -> Result<Option<StreamView>, StoreError> {
+        let Some(record) = self.get(key).await?.filter(|r| !r.is_tombstone()) else {
+            return Ok(None);
+        };
+        let owners = self.owners_of(std::iter::once(&record)).await?;
+        Ok(Some(combine(record, &owners)))
+    }
+
+    /// Whether the owner of `record` is alive (LIVE worker item, or an
+    /// unexpired version-1 lease); `false` for a free stream.
+    pub async fn owner_alive(&self, record: &StreamRecord) -> Result<bool, StoreError> {
+        Ok(match record.ownership() {
+            Ownership::Free => false,
+            Ownership::Owned(inc) => self
+                .worker(&inc)
+                .await?
+                .is_some_and(|w| w.state == WorkerState::Live),
+            Ownership::Legacy { expires_at_ms, .. } => expires_at_ms > now_ms(),
+        })
+    }
+}

@@ -1,0 +1,722 @@
+//! The acquisition pass, every reconcile interval: read the fleet, watch
+//! peers' heartbeats and declare the overdue ones dead, resolve acquires whose
+//! answer was lost, find orphans (unowned partitions, dead incarnations'
+//! partitions, version-1 leftovers during an upgrade), acquire up to the fair
+//! share, hand excess over, and audit this incarnation's own partitions.
+//!
+//! Reads cost O(workers + orphans) per pass, never O(streams): one fleet query,
+//! a few peers' items, and the unowned partitions only when something was
+//! released (a peer's `released_at_ms` moved), orphans were seen recently, or
+//! [`UNOWNED_SCAN_PERIOD`] passed.
+
+use super::WorkerCtx;
+use super::fence::Fence;
+use super::fleet::{AcquirePolicy, FleetView, Orphan, Peer, classify_free, handoff_count};
+use super::observer::{Observer, successors};
+use super::progress::StreamProgress;
+use super::registry::{HeldStream, HolderSignals, Registry};
+use super::settings::{
+    AUDIT_HEARTBEATS, HANDOFF_COOLDOWN_HEARTBEATS, PEER_SILENCE_HEARTBEATS,
+    REBALANCE_GRACE_INTERVALS, SHARE_GRACE_INTERVALS, UNOWNED_SCAN_PERIOD,
+};
+use crate::lease::{
+    AcquireFrom, AcquireOutcome, Checkpoints, DesiredState, FleetEntry, HOLDER_SHARDS, Incarnation,
+    Lease, Ownership, StoreError, StreamKey, StreamRecord, WorkerState, now_ms,
+};
+use futures::StreamExt;
+use rand::seq::SliceRandom;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// Acquires in flight at once.
+const ACQUIRE_CONCURRENCY: usize = 16;
+/// After a departed (DEAD or LEFT) incarnation's partitions were found empty,
+/// its ring successor looks again this often ...
+const ENDED_RESCAN: std::time::Duration = std::time::Duration::from_secs(5);
+/// ... and forgets it (deletes its items) once it has been gone this long: an
+/// acquire it sent just before it ended can still land after the first empty
+/// scan, and must still be found.
+const FORGET_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
+/// Peers each worker reads every pass (the rest every heartbeat).
+const WATCHED_PEERS: usize = 2;
+/// Write units per second one index partition may take from the whole fleet's
+/// acquisitions: DynamoDB's limit is 1,000; the rest is headroom. Each worker
+/// takes its share of this (divided by the live workers) per source partition.
+const PARTITION_WRITE_BUDGET: f64 = 800.0;
+
+/// A stream acquired (or adopted) and ready to be served.
+#[derive(Debug)]
+pub struct Acquired {
+    pub held: HeldStream,
+    pub record: StreamRecord,
+}
+
+/// A candidate orphan with how to take it.
+struct Candidate {
+    record: StreamRecord,
+    from: AcquireFrom,
+    orphan: Orphan,
+    /// The index partition it is taken from (for pacing).
+    source: String,
+}
+
+/// A departed incarnation this worker keeps an eye on.
+struct Ended {
+    first_seen: Instant,
+    /// Its partitions were found empty at least once.
+    emptied: bool,
+    last_scan: Option<Instant>,
+}
+
+/// Per-partition token buckets: this worker's share of each source partition's
+/// write budget.
+#[derive(Default)]
+struct Pacing {
+    buckets: HashMap<String, (f64, Instant)>,
+}
+
+impl Pacing {
+    fn take(&mut self, partition: &str, rate: f64) -> bool {
+        let now = Instant::now();
+        let (tokens, at) = self
+            .buckets
+            .entry(partition.to_string())
+            .or_insert((rate, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(rate);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+pub struct Acquirer {
+    ctx: Arc<WorkerCtx>,
+    me: Incarnation,
+    registry: Arc<Registry>,
+    out: mpsc::UnboundedSender<Acquired>,
+    observer: Observer,
+    view: FleetView,
+    /// Acquires sent without an answer: key → the token they compared against.
+    pending: HashMap<StreamKey, u64>,
+    /// Last `released_at_ms` and state seen per worker.
+    markers: HashMap<Incarnation, (WorkerState, Option<u64>)>,
+    /// Dead incarnations' packed checkpoints, read once per takeover.
+    dead_checkpoints: HashMap<Incarnation, Checkpoints>,
+    /// Departed incarnations still listed in the fleet.
+    ended: HashMap<Incarnation, Ended>,
+    /// This incarnation's fence: nothing is acquired while it is closed.
+    fence: Arc<Fence>,
+    last_unowned_scan: Option<Instant>,
+    orphans_seen: bool,
+    last_full_refresh: Option<Instant>,
+    last_audit: Instant,
+    last_handoff: Option<Instant>,
+    pacing: Pacing,
+    /// Items reported as malformed already (one log line each).
+    reported: HashSet<String>,
+    /// Whether version 1's index exists (a rolling upgrade is under way).
+    legacy_index: bool,
+}
+
+impl Acquirer {
+    pub fn new(
+        ctx: Arc<WorkerCtx>,
+        me: Incarnation,
+        registry: Arc<Registry>,
+        out: mpsc::UnboundedSender<Acquired>,
+        legacy_index: bool,
+        fence: Arc<Fence>,
+    ) -> Self {
+        let lease = ctx.settings.lease_duration;
+        Self {
+            ctx,
+            me,
+            registry,
+            out,
+            observer: Observer::new(lease),
+            view: FleetView::default(),
+            pending: HashMap::new(),
+            markers: HashMap::new(),
+            dead_checkpoints: HashMap::new(),
+            ended: HashMap::new(),
+            fence,
+            last_unowned_scan: None,
+            orphans_seen: true,
+            last_full_refresh: None,
+            last_audit: Instant::now(),
+            last_handoff: None,
+            pacing: Pacing::default(),
+            reported: HashSet::new(),
+            legacy_index,
+        }
+    }
+
+    /// One pass. Errors are logged by the caller; the next pass starts over.
+    pub async fn pass(&mut self) -> Result<(), StoreError> {
+        let fleet = self.ctx.store.fleet().await?;
+        for m in &fleet.malformed {
+            self.report_malformed(&m.pk, &m.detail);
+        }
+        let scan_triggered = self.read_markers(&fleet.workers);
+        self.watch_peers(&fleet.workers).await?;
+        self.resolve_pending().await;
+        if self.skew_exceeded() {
+            return Ok(());
+        }
+        let mut candidates = Vec::new();
+        let now = Instant::now();
+        let scan_unowned = scan_triggered
+            || self.orphans_seen
+            || self
+                .last_unowned_scan
+                .is_none_or(|t| now.duration_since(t) >= UNOWNED_SCAN_PERIOD);
+        if scan_unowned {
+            self.last_unowned_scan = Some(now);
+            for shard in 0..HOLDER_SHARDS {
+                let found = self.ctx.store.unowned(shard).await?;
+                self.take_found(found, &mut candidates, |r| {
+                    (r.desired_state == DesiredState::Started && r.ownership() == Ownership::Free)
+                        .then_some(AcquireFrom::Free)
+                });
+            }
+        }
+        if self.legacy_index {
+            let store_now = self.ctx.store.clock().store_now_at_least();
+            let found = self.ctx.store.legacy_orphans(store_now).await?;
+            self.take_found(found, &mut candidates, |r| match r.ownership() {
+                Ownership::Free => Some(AcquireFrom::Free),
+                Ownership::Legacy {
+                    owner,
+                    expires_at_ms,
+                } if expires_at_ms < store_now => Some(AcquireFrom::LegacyExpired {
+                    owner,
+                    expires_at_ms,
+                }),
+                _ => None,
+            });
+        }
+        self.ended_candidates(&fleet.workers, &mut candidates)
+            .await?;
+        self.orphans_seen = !candidates.is_empty();
+        self.ctx
+            .metrics
+            .streams_unowned
+            .set(candidates.len() as i64);
+        self.acquire(candidates).await;
+        self.hand_over();
+        if now.duration_since(self.last_audit)
+            >= self.ctx.settings.heartbeat_interval * AUDIT_HEARTBEATS
+        {
+            self.last_audit = now;
+            self.audit().await?;
+        }
+        Ok(())
+    }
+
+    /// Notes each worker's state and release marker; `true` when anything
+    /// suggests new orphans (a release, a departure, a death).
+    fn read_markers(&mut self, workers: &[FleetEntry]) -> bool {
+        let mut changed = false;
+        let mut seen = HashMap::new();
+        for w in workers {
+            let now = (w.state, w.released_at_ms);
+            if w.incarnation != self.me && self.markers.get(&w.incarnation) != Some(&now) {
+                changed = true;
+            }
+            seen.insert(w.incarnation.clone(), now);
+        }
+        if seen.len() != self.markers.len() {
+            changed = true;
+        }
+        self.markers = seen;
+        changed
+    }
+
+    /// Reads peers' items (a few every pass, all every heartbeat), updates the
+    /// fleet view, and declares overdue peers dead.
+    async fn watch_peers(&mut self, workers: &[FleetEntry]) -> Result<(), StoreError> {
+        let live: Vec<Incarnation> = workers
+            .iter()
+            .filter(|w| w.state == WorkerState::Live)
+            .map(|w| w.incarnation.clone())
+            .collect();
+        self.observer.retain(|i| live.contains(i));
+        let now = Instant::now();
+        let full = self
+            .last_full_refresh
+            .is_none_or(|t| now.duration_since(t) >= self.ctx.settings.heartbeat_interval);
+        let to_read: Vec<Incarnation> = if full {
+            self.last_full_refresh = Some(now);
+            live.iter().filter(|i| **i != self.me).cloned().collect()
+        } else {
+            successors(&self.me, &live, WATCHED_PEERS)
+        };
+        let records = self.ctx.store.workers(&to_read).await?;
+        let now = Instant::now();
+        for r in &records {
+            self.observer.observe(r, now);
+        }
+        let silence = self.ctx.settings.heartbeat_interval * PEER_SILENCE_HEARTBEATS;
+        if full {
+            self.view = FleetView {
+                peers: records
+                    .iter()
+                    .filter(|r| r.state == WorkerState::Live)
+                    .map(|r| Peer {
+                        incarnation: r.incarnation.clone(),
+                        held: r.held,
+                        progressing: self.observer.progressing(&r.incarnation, now, silence),
+                    })
+                    .collect(),
+            };
+            self.ctx.metrics.live_workers.set(self.view.live() as i64);
+            let duplicates = records
+                .iter()
+                .filter(|r| {
+                    r.state == WorkerState::Live && r.incarnation.worker_id() == self.me.worker_id()
+                })
+                .count();
+            self.ctx.metrics.duplicate_worker_id.set(duplicates as i64);
+            if duplicates > 0 {
+                tracing::warn!(
+                    worker_id = self.me.worker_id(),
+                    others = duplicates,
+                    "another live process runs with this worker id; each keeps its own incarnation, but check the deployment"
+                );
+            }
+        } else {
+            for p in &mut self.view.peers {
+                p.progressing = self.observer.progressing(&p.incarnation, now, silence);
+            }
+        }
+        for (peer, version) in self.observer.overdue(now) {
+            match self.ctx.store.declare_dead(&peer, version).await? {
+                Some(WorkerState::Dead) => {
+                    self.ctx.metrics.workers_declared_dead.inc();
+                    tracing::warn!(worker = %peer, version, "peer's heartbeat stood still for a lease: declared dead");
+                }
+                state => {
+                    tracing::debug!(worker = %peer, ?state, "peer was not declared dead (it renewed or left)")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Settles acquires that got no answer: serve the ones that landed.
+    async fn resolve_pending(&mut self) {
+        let pending: Vec<(StreamKey, u64)> =
+            self.pending.iter().map(|(k, c)| (k.clone(), *c)).collect();
+        for (key, expected) in pending {
+            match self
+                .ctx
+                .store
+                .resolve_acquire(&key, expected, &self.me)
+                .await
+            {
+                Ok(Some((lease, record))) => {
+                    self.pending.remove(&key);
+                    tracing::info!(stream = %key, "an acquire whose answer was lost had landed: serving it");
+                    self.ctx
+                        .metrics
+                        .acquires
+                        .get_or_create(&[("result", "resolved")])
+                        .inc();
+                    self.adopt(lease, record, None);
+                }
+                Ok(None) => {
+                    self.pending.remove(&key);
+                }
+                Err(e) => tracing::debug!(stream = %key, error = %e, "acquire still unresolved"),
+            }
+        }
+    }
+
+    fn skew_exceeded(&self) -> bool {
+        let bounds = self.ctx.store.clock().bounds();
+        let exceeded = bounds.is_some_and(|b| b.exceeds(self.ctx.settings.max_clock_skew));
+        if let Some(b) = bounds {
+            self.ctx
+                .metrics
+                .clock_offset_seconds
+                .set(b.midpoint() as f64 / 1000.0);
+        }
+        let was = self.ctx.metrics.clock_skew_exceeded.get() == 1;
+        self.ctx
+            .metrics
+            .clock_skew_exceeded
+            .set(i64::from(exceeded));
+        if exceeded && !was {
+            tracing::error!(offset = ?bounds, budget = ?self.ctx.settings.max_clock_skew, "this clock disagrees with DynamoDB's by more than --max-clock-skew: not acquiring until it is fixed");
+        }
+        exceeded
+    }
+
+    fn take_found(
+        &mut self,
+        found: crate::lease::Found,
+        candidates: &mut Vec<Candidate>,
+        from: impl Fn(&StreamRecord) -> Option<AcquireFrom>,
+    ) {
+        for m in found.malformed {
+            self.report_malformed(&m.pk, &m.detail);
+        }
+        let now = now_ms();
+        for record in found.records {
+            if record.is_tombstone() {
+                continue;
+            }
+            if let Some(from) = from(&record) {
+                let orphan = match from {
+                    AcquireFrom::Free => classify_free(&record, now),
+                    _ => Orphan::Crashed,
+                };
+                let source = record
+                    .holder
+                    .clone()
+                    .unwrap_or_else(|| record.key.unowned_holder());
+                candidates.push(Candidate {
+                    record,
+                    from,
+                    orphan,
+                    source,
+                });
+            }
+        }
+    }
+
+    fn report_malformed(&mut self, pk: &str, detail: &str) {
+        self.ctx.metrics.malformed_items.inc();
+        if self.reported.insert(pk.to_string()) {
+            tracing::error!(
+                item = pk,
+                detail,
+                "skipping a malformed item (fix or delete it; the rest are served)"
+            );
+        }
+    }
+
+    /// Departed incarnations: everyone takes a dead one's streams until its
+    /// partitions are empty; then its ring successor alone looks again now
+    /// and then (for an acquire it sent just before it ended) and finally
+    /// forgets it. A LEFT one released everything itself: only the successor looks.
+    async fn ended_candidates(
+        &mut self,
+        workers: &[FleetEntry],
+        candidates: &mut Vec<Candidate>,
+    ) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let live: Vec<Incarnation> = workers
+            .iter()
+            .filter(|w| w.state == WorkerState::Live)
+            .map(|w| w.incarnation.clone())
+            .collect();
+        for w in workers
+            .iter()
+            .filter(|w| w.state != WorkerState::Live && w.incarnation != self.me)
+        {
+            self.ended.entry(w.incarnation.clone()).or_insert(Ended {
+                first_seen: now,
+                emptied: w.state == WorkerState::Left,
+                last_scan: None,
+            });
+        }
+        self.ended
+            .retain(|inc, _| workers.iter().any(|w| &w.incarnation == inc));
+        let ended: Vec<Incarnation> = self.ended.keys().cloned().collect();
+        for inc in ended {
+            let mine = successors(&inc, &live, 1).first() == Some(&self.me);
+            let Some(e) = self.ended.get(&inc) else {
+                continue;
+            };
+            let due = !e.emptied
+                || (mine
+                    && e.last_scan
+                        .is_none_or(|t| now.duration_since(t) >= ENDED_RESCAN));
+            if !due {
+                continue;
+            }
+            let found_any = self.ended_streams(&inc, candidates).await?;
+            if let Some(e) = self.ended.get_mut(&inc) {
+                e.last_scan = Some(now);
+                if !found_any {
+                    e.emptied = true;
+                    if mine && now.duration_since(e.first_seen) >= FORGET_AFTER {
+                        let shards = self
+                            .ctx
+                            .store
+                            .worker(&inc)
+                            .await?
+                            .map_or(0, |w| w.checkpoint_shards);
+                        self.ctx.store.forget_worker(&inc, shards).await?;
+                        self.dead_checkpoints.remove(&inc);
+                        self.ended.remove(&inc);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A departed incarnation's streams: STARTED ones become candidates (with
+    /// its packed checkpoint), STOPPED ones are freed. `false` when it holds none.
+    async fn ended_streams(
+        &mut self,
+        dead: &Incarnation,
+        candidates: &mut Vec<Candidate>,
+    ) -> Result<bool, StoreError> {
+        let found = self.ctx.store.held_by(dead).await?;
+        if found.records.is_empty() && found.malformed.is_empty() {
+            return Ok(false);
+        }
+        if !self.dead_checkpoints.contains_key(dead) {
+            let checkpoints = self.ctx.store.checkpoints_of(dead).await?;
+            self.dead_checkpoints.insert(dead.clone(), checkpoints);
+        }
+        let checkpoints = self.dead_checkpoints.get(dead).cloned().unwrap_or_default();
+        let mut started = crate::lease::Found {
+            malformed: found.malformed,
+            ..Default::default()
+        };
+        for r in found.records {
+            if r.ownership() != Ownership::Owned(dead.clone()) {
+                continue; // the index lags: it has moved already
+            }
+            if r.desired_state == DesiredState::Stopped || r.is_tombstone() {
+                self.ctx.store.clear_dead_owner(&r).await?;
+            } else {
+                started.records.push(r);
+            }
+        }
+        self.take_found(started, candidates, |r| {
+            let checkpoint = checkpoints
+                .get(&r.key)
+                .filter(|c| c.token == r.lease_counter)
+                .map(|c| c.seq);
+            Some(AcquireFrom::Dead {
+                owner: dead.clone(),
+                checkpoint,
+            })
+        });
+        Ok(true)
+    }
+
+    /// Acquires what the policy allows, concurrently, paced per source partition.
+    async fn acquire(&mut self, candidates: Vec<Candidate>) {
+        let held = self.registry.len();
+        let capacity = self.ctx.settings.max_connections.saturating_sub(held);
+        let mut seen = HashSet::new();
+        let mut candidates: Vec<Candidate> = candidates
+            .into_iter()
+            .filter(|c| seen.insert(c.record.key.clone()))
+            .filter(|c| {
+                !self.registry.contains(&c.record.key) && !self.pending.contains_key(&c.record.key)
+            })
+            .collect();
+        // A worker that cannot prove it is alive acquires nothing: a peer may
+        // be about to declare it dead, and a stream it took then would be lost.
+        if candidates.is_empty() || capacity == 0 || !self.fence.is_valid() {
+            return;
+        }
+        // Workers racing for the same orphans try them in different orders.
+        candidates.shuffle(&mut rand::rng());
+        let staying = self.registry.staying() as u64;
+        let fair = self
+            .ctx
+            .settings
+            .rebalance
+            .then(|| self.view.fair_share(staying, candidates.len() as u64));
+        let interval_ms = self.ctx.settings.reconcile_interval.as_millis() as u64;
+        let mut policy = AcquirePolicy {
+            below_share: fair.map(|f| f.saturating_sub(staying)),
+            share_grace_ms: interval_ms * u64::from(SHARE_GRACE_INTERVALS),
+            rebalance_grace_ms: interval_ms * u64::from(REBALANCE_GRACE_INTERVALS),
+        };
+        let rate = PARTITION_WRITE_BUDGET / self.view.live() as f64;
+        let mut chosen = Vec::new();
+        for c in candidates {
+            if chosen.len() >= capacity {
+                break;
+            }
+            if policy.allows(c.orphan) && self.pacing.take(&c.source, rate) {
+                policy.take();
+                chosen.push(c);
+            }
+        }
+        let store = &self.ctx.store;
+        let me = &self.me;
+        let fence = self.fence.bound();
+        let results: Vec<(Candidate, Result<AcquireOutcome, StoreError>)> =
+            futures::stream::iter(chosen)
+                .map(|c| async move {
+                    // Never past the fence: an answer after it could not be acted on.
+                    let r = tokio::time::timeout_at(
+                        fence,
+                        Box::pin(store.acquire(&c.record, &c.from, me)),
+                    )
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(StoreError::Unreachable {
+                            endpoint: store.endpoint().to_string(),
+                            detail: "acquire still pending at the fence deadline".into(),
+                        })
+                    });
+                    (c, r)
+                })
+                .buffer_unordered(ACQUIRE_CONCURRENCY)
+                .collect()
+                .await;
+        for (c, result) in results {
+            let label = match result {
+                Ok(AcquireOutcome::Acquired { lease, record }) => {
+                    self.record_takeover(&c);
+                    let inherited = match &c.from {
+                        AcquireFrom::Dead { checkpoint, .. } => *checkpoint,
+                        _ => None,
+                    };
+                    tracing::info!(stream = %lease.key, token = lease.counter, from = ?c.orphan, "acquired");
+                    self.adopt(lease, *record, inherited);
+                    "acquired"
+                }
+                Ok(AcquireOutcome::Taken { .. }) => "taken",
+                Ok(AcquireOutcome::NotStarted | AcquireOutcome::Gone) => "unavailable",
+                Err(e) => {
+                    // No answer: it may have landed. Resolve it next pass.
+                    tracing::warn!(stream = %c.record.key, error = %e, "acquire got no answer; resolving on the next pass");
+                    self.pending
+                        .insert(c.record.key.clone(), c.record.lease_counter);
+                    "error"
+                }
+            };
+            self.ctx
+                .metrics
+                .acquires
+                .get_or_create(&[("result", label)])
+                .inc();
+        }
+    }
+
+    fn record_takeover(&self, c: &Candidate) {
+        let now = now_ms();
+        match c.orphan {
+            Orphan::Crashed => {}
+            Orphan::Released { age_ms } | Orphan::Rebalanced { age_ms } if age_ms != u64::MAX => {
+                self.ctx
+                    .metrics
+                    .handoff_seconds
+                    .observe(age_ms as f64 / 1000.0);
+            }
+            _ => {}
+        }
+        if let AcquireFrom::LegacyExpired { expires_at_ms, .. } = c.from {
+            self.ctx
+                .metrics
+                .failover_seconds
+                .observe(now.saturating_sub(expires_at_ms) as f64 / 1000.0);
+        }
+    }
+
+    /// Registers a stream this incarnation owns and hands it to the main loop.
+    fn adopt(&mut self, lease: Lease, record: StreamRecord, inherited: Option<u64>) {
+        let checkpoint = record.last_seq.max(inherited);
+        let held = HeldStream {
+            progress: Arc::new(StreamProgress::new(checkpoint, record.last_seq)),
+            signals: HolderSignals::default(),
+            lease,
+        };
+        self.registry.insert(held.clone());
+        // The receiver only goes away when the worker stops; the stream then
+        // stays in this incarnation's partitions for the final audit.
+        let _ = self.out.send(Acquired { held, record });
+    }
+
+    /// Above the fair share while a peer is below it: hand some streams over.
+    fn hand_over(&mut self) {
+        if !self.ctx.settings.rebalance {
+            return;
+        }
+        let cooldown = self.ctx.settings.heartbeat_interval * HANDOFF_COOLDOWN_HEARTBEATS;
+        if self.last_handoff.is_some_and(|t| t.elapsed() < cooldown) {
+            return;
+        }
+        let staying = self.registry.staying() as u64;
+        let fair = self.view.fair_share(staying, 0);
+        let count = handoff_count(staying, fair, self.view.peer_below(fair));
+        if count == 0 {
+            return;
+        }
+        let mut movable: Vec<HeldStream> = self
+            .registry
+            .snapshot()
+            .into_iter()
+            .filter(HeldStream::staying)
+            .collect();
+        movable.shuffle(&mut rand::rng());
+        for h in movable.into_iter().take(count as usize) {
+            tracing::info!(stream = %h.lease.key, fair, "handing stream over to rebalance the fleet");
+            h.signals.handoff.cancel();
+        }
+        self.last_handoff = Some(Instant::now());
+    }
+
+    /// Adopts anything this incarnation owns but does not serve.
+    pub async fn audit(&mut self) -> Result<usize, StoreError> {
+        let found = self.ctx.store.held_by(&self.me).await?;
+        let mut adopted = 0;
+        for r in found.records {
+            if r.ownership() != Ownership::Owned(self.me.clone()) || self.registry.contains(&r.key)
+            {
+                continue;
+            }
+            // The index item lacks the spec: read the whole item.
+            let Some(full) = self.ctx.store.get(&r.key).await? else {
+                continue;
+            };
+            if full.ownership() != Ownership::Owned(self.me.clone())
+                || self.registry.contains(&full.key)
+            {
+                continue;
+            }
+            self.pending.remove(&full.key);
+            tracing::warn!(stream = %full.key, "owned but not served (an answer was lost or a task ended): serving it");
+            self.ctx
+                .metrics
+                .acquires
+                .get_or_create(&[("result", "adopted")])
+                .inc();
+            let lease = Lease {
+                key: full.key.clone(),
+                owner: self.me.clone(),
+                counter: full.lease_counter,
+            };
+            self.adopt(lease, full, None);
+            adopted += 1;
+        }
+        Ok(adopted)
+    }
+
+    /// Streams this incarnation owns in the table (for the final shutdown audit).
+    pub async fn owned_in_table(&self) -> Result<Vec<StreamRecord>, StoreError> {
+        let found = self.ctx.store.held_by(&self.me).await?;
+        let mut owned = Vec::new();
+        for r in found.records {
+            if r.ownership() == Ownership::Owned(self.me.clone())
+                && let Some(full) = self.ctx.store.get(&r.key).await?
+                && full.ownership() == Ownership::Owned(self.me.clone())
+            {
+                owned.push(full);
+            }
+        }
+        Ok(owned)
+    }
+
+    pub fn me(&self) -> &Incarnation {
+        &self.me
+    }
+}

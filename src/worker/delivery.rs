@@ -1,0 +1,131 @@
+//! Delivering a batch to the sink until it is acknowledged, the fence closes,
+//! or the session is aborted. Every attempt and every backoff sleep is raced
+//! against the fence deadline, so nothing is in flight after it (DESIGN
+//! property 1b); while a batch is retried nothing is read (backpressure).
+
+use super::fence::Fence;
+use super::progress::StreamProgress;
+use crate::lease::RetryPolicy;
+use crate::metrics::WorkerMetrics;
+use crate::sink::{Batch, Message, Sink, SinkError};
+use std::time::Duration;
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio_util::sync::CancellationToken;
+
+/// Sink retry backoff: first step and cap (full jitter).
+pub const SINK_BACKOFF: RetryPolicy = RetryPolicy {
+    first_delay: Duration::from_millis(100),
+    max_delay: Duration::from_secs(5),
+    deadline: Duration::MAX,
+};
+/// A failing sink is logged on the first attempt and then every this many.
+const LOG_EVERY_ATTEMPTS: u32 = 20;
+
+/// Why a delivery did not complete.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Undelivered {
+    /// The session was aborted.
+    Aborted,
+    /// The fence closed first.
+    Fenced,
+    /// The sink said a newer owner exists (the contract's fenced signal).
+    SinkFenced,
+}
+
+/// Who is delivering, and what for.
+pub struct Delivery<'a> {
+    pub connection: &'a str,
+    pub worker: &'a str,
+    pub token: u64,
+    pub sink: &'a Sink,
+    pub fence: &'a Fence,
+    pub progress: &'a StreamProgress,
+    pub metrics: &'a WorkerMetrics,
+    pub abort: &'a CancellationToken,
+}
+
+impl Delivery<'_> {
+    /// Delivers `batch` until the sink acknowledges it, then advances the
+    /// checkpoint and clears the batch.
+    pub async fn deliver(&self, batch: &mut Vec<Message>) -> Result<(), Undelivered> {
+        let Some(last) = batch.last().map(|m| m.seq) else {
+            return Ok(());
+        };
+        let mut attempt = 0u32;
+        loop {
+            if self.abort.is_cancelled() {
+                return Err(Undelivered::Aborted);
+            }
+            if !self.fence.is_valid() {
+                return Err(Undelivered::Fenced);
+            }
+            let payload = Batch {
+                connection: self.connection,
+                worker: self.worker,
+                token: self.token,
+                messages: batch,
+            };
+            let sent = Instant::now();
+            let result = tokio::select! {
+                // Boxed: the sink client's future only lives during a delivery.
+                r = timeout_at(self.fence.bound(), Box::pin(self.sink.deliver(&payload))) => match r {
+                    Ok(r) => r,
+                    Err(_) => return Err(Undelivered::Fenced),
+                },
+                _ = self.abort.cancelled() => return Err(Undelivered::Aborted),
+            };
+            self.metrics
+                .sink_batch_seconds
+                .observe(sent.elapsed().as_secs_f64());
+            match result {
+                Ok(()) => {
+                    self.count(batch.len(), "ok");
+                    self.progress.ack(last);
+                    if attempt > 0 {
+                        tracing::info!(
+                            stream = self.connection,
+                            attempts = attempt + 1,
+                            "sink accepted the batch again"
+                        );
+                        self.progress.update_status(|s| {
+                            s.reason = None;
+                            s.message = None;
+                        });
+                    }
+                    batch.clear();
+                    return Ok(());
+                }
+                Err(SinkError::Fenced) => {
+                    self.count(0, "fenced");
+                    return Err(Undelivered::SinkFenced);
+                }
+                Err(e) => {
+                    self.count(0, e.category());
+                    if attempt.is_multiple_of(LOG_EVERY_ATTEMPTS) {
+                        tracing::warn!(stream = self.connection, error = %e, attempt, "sink delivery failed; holding the batch and pausing reads");
+                    }
+                    self.progress.update_status(|s| {
+                        s.reason = Some("SinkUnavailable".into());
+                        s.message = Some(e.to_string());
+                    });
+                    let wake = Instant::now() + SINK_BACKOFF.delay(attempt);
+                    attempt = attempt.saturating_add(1);
+                    tokio::select! {
+                        _ = sleep_until(wake.min(self.fence.bound())) => {}
+                        _ = self.abort.cancelled() => return Err(Undelivered::Aborted),
+                    }
+                }
+            }
+        }
+    }
+
+    fn count(&self, messages: usize, result: &'static str) {
+        self.metrics
+            .sink_batches
+            .get_or_create(&[("sink", self.sink.kind()), ("result", result)])
+            .inc();
+        if messages > 0 {
+            self.metrics.messages_delivered.inc_by(messages as u64);
+        }
+    }
+}

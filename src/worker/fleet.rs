@@ -1,0 +1,196 @@
+//! Fair share, in one place: how many streams this worker should hold, which
+//! orphans it takes, and how many it hands over, so that adding a worker
+//! actually moves load to it (which is what makes an HPA on active connections
+//! per pod converge).
+//!
+//! Every worker publishes its held count in its worker item; the fair share is
+//! `ceil((streams held by live workers + orphans) / live workers)`. A worker
+//! below its share acquires first; one above it acquires only orphans nobody
+//! else picked up for a while (availability beats balance) and hands its excess
+//! over, a few at a time, by release — but only while some peer is below its
+//! share, so a stable fleet never churns.
+
+use crate::lease::{Incarnation, ReleaseReason, StreamRecord};
+
+/// A live peer as this worker last saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub incarnation: Incarnation,
+    pub held: u64,
+    /// Its heartbeat moved recently (a crashed worker stays LIVE in the table
+    /// until declared dead; handing streams to it would only interrupt them).
+    pub progressing: bool,
+}
+
+/// What this worker knows about its live peers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetView {
+    pub peers: Vec<Peer>,
+}
+
+impl FleetView {
+    /// Workers counted for the share: this one and the progressing peers.
+    pub fn live(&self) -> usize {
+        1 + self.peers.iter().filter(|p| p.progressing).count()
+    }
+
+    /// Fair share given what this worker holds and the orphans it sees.
+    pub fn fair_share(&self, held: u64, orphans: u64) -> u64 {
+        let others: u64 = self
+            .peers
+            .iter()
+            .filter(|p| p.progressing)
+            .map(|p| p.held)
+            .sum();
+        fair_share(others + held + orphans, self.live())
+    }
+
+    /// Whether some progressing peer holds fewer than `fair` streams.
+    pub fn peer_below(&self, fair: u64) -> bool {
+        self.peers.iter().any(|p| p.progressing && p.held < fair)
+    }
+}
+
+/// `ceil(streams / workers)`.
+pub fn fair_share(streams: u64, workers: usize) -> u64 {
+    streams.div_ceil(workers.max(1) as u64)
+}
+
+/// How many streams to hand over now: half the excess (rounded up), so a large
+/// imbalance converges in a few steps without moving everything at once.
+pub fn handoff_count(held: u64, fair: u64, peer_below: bool) -> u64 {
+    if !peer_below || held <= fair {
+        return 0;
+    }
+    (held - fair).div_ceil(2)
+}
+
+/// Why a stream is without an owner, which decides who should take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Orphan {
+    /// Its owner died: it has already waited a whole lease.
+    Crashed,
+    /// Released by an owner that shut down, `age_ms` ago.
+    Released { age_ms: u64 },
+    /// Released by an owner to rebalance the fleet, `age_ms` ago.
+    Rebalanced { age_ms: u64 },
+    /// Never owned; created `age_ms` ago.
+    New { age_ms: u64 },
+}
+
+/// Classifies a free stream from its (index) item. Ages compare wall clocks of
+/// different machines, which is fine for a grace period and never for safety.
+pub fn classify_free(r: &StreamRecord, now_ms: u64) -> Orphan {
+    let since = |t: Option<u64>| t.map_or(u64::MAX, |t| now_ms.saturating_sub(t));
+    if r.lease_owner.is_none() {
+        return Orphan::New {
+            age_ms: since(r.created_at_ms),
+        };
+    }
+    let age_ms = since(r.released_at_ms);
+    match r.release_reason {
+        Some(ReleaseReason::Rebalance) => Orphan::Rebalanced { age_ms },
+        _ => Orphan::Released { age_ms },
+    }
+}
+
+/// Which orphans this worker takes in one pass.
+///
+/// Below its fair share a worker takes anything, up to the share. Beyond it:
+/// crashed streams at once; streams released on shutdown or never owned once
+/// `share_grace_ms` gave the workers below their share a chance; streams
+/// released for rebalancing only after `rebalance_grace_ms`, so they land on
+/// the new worker and not back where they came from.
+#[derive(Clone, Copy, Debug)]
+pub struct AcquirePolicy {
+    /// Streams still wanted to reach the fair share; `None` without fair share.
+    pub below_share: Option<u64>,
+    pub share_grace_ms: u64,
+    pub rebalance_grace_ms: u64,
+}
+
+impl AcquirePolicy {
+    pub fn allows(&self, orphan: Orphan) -> bool {
+        if self.below_share.is_none_or(|n| n > 0) {
+            return true;
+        }
+        match orphan {
+            Orphan::Crashed => true,
+            Orphan::Released { age_ms } | Orphan::New { age_ms } => age_ms >= self.share_grace_ms,
+            Orphan::Rebalanced { age_ms } => age_ms >= self.rebalance_grace_ms,
+        }
+    }
+
+    /// Counts a stream this pass is about to acquire toward the fair share.
+    pub fn take(&mut self) {
+        if let Some(n) = self.below_share.as_mut() {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(held: &[u64]) -> FleetView {
+        FleetView {
+            peers: held
+                .iter()
+                .map(|h| Peer {
+                    incarnation: Incarnation::new("p"),
+                    held: *h,
+                    progressing: true,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_new_worker_raises_nobody_s_share_but_lowers_the_busy_ones() {
+        // Two workers with 15 each; a third joins with 0.
+        let v = view(&[15, 0]);
+        assert_eq!(v.fair_share(15, 0), 10);
+        assert_eq!(handoff_count(15, 10, v.peer_below(10)), 3);
+        assert_eq!(handoff_count(12, 10, true), 1);
+        assert_eq!(handoff_count(11, 10, true), 1);
+        assert_eq!(handoff_count(10, 10, true), 0);
+    }
+
+    #[test]
+    fn a_stable_fleet_never_moves_anything() {
+        let v = view(&[11, 9]);
+        let fair = v.fair_share(11, 0);
+        assert_eq!(fair, 11);
+        assert_eq!(handoff_count(11, fair, v.peer_below(fair)), 0);
+        assert_eq!(handoff_count(12, 10, false), 0);
+    }
+
+    #[test]
+    fn a_silent_peer_neither_counts_nor_receives_streams() {
+        let mut v = view(&[0]);
+        v.peers[0].progressing = false;
+        assert_eq!(v.live(), 1);
+        assert_eq!(v.fair_share(12, 0), 12);
+        assert!(!v.peer_below(6));
+    }
+
+    #[test]
+    fn below_the_share_anything_goes_until_the_share_is_reached() {
+        let mut p = AcquirePolicy {
+            below_share: Some(1),
+            share_grace_ms: 1000,
+            rebalance_grace_ms: 2000,
+        };
+        assert!(p.allows(Orphan::Rebalanced { age_ms: 0 }));
+        p.take();
+        assert!(!p.allows(Orphan::Rebalanced { age_ms: 0 }));
+        assert!(!p.allows(Orphan::New { age_ms: 10 }));
+        assert!(p.allows(Orphan::Released { age_ms: 1000 }));
+        assert!(!p.allows(Orphan::Rebalanced { age_ms: 1999 }));
+        assert!(
+            p.allows(Orphan::Crashed),
+            "crashed streams are never left waiting"
+        );
+    }
+}

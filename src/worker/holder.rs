@@ -1,0 +1,392 @@
+//! One held stream: runs its session while the worker's fence is open, writes
+//! its status when it changes, follows the control plane's changes (new spec,
+//! STOPPED, deletion), and releases it with the last acknowledged checkpoint
+//! on handoff, STOPPED or shutdown. The session is a child task that never
+//! outlives its holder (it is aborted when the holder's handle drops).
+
+use super::WorkerCtx;
+use super::registry::HeldStream;
+use super::session::{SessionConfig, SessionControl, SessionDeps, SessionEnd};
+use super::settings::{DRAIN_STOP_SHARE, STATUS_MIN_INTERVAL};
+use crate::crd::StreamConnectionSpec;
+use crate::lease::{
+    DesiredState, OwnerWrite, Ownership, Phase, ReleaseReason, SessionStatus, StreamRecord,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, sleep_until, timeout_at};
+
+/// Retry delay of a release (or a re-read) DynamoDB did not answer.
+const STORE_RETRY: Duration = Duration::from_millis(500);
+/// Attempts of a release before the holder gives up and leaves the stream to
+/// the audit (and, if the worker leaves, to takeover after a lease).
+const RELEASE_ATTEMPTS: u32 = 6;
+
+/// How a holder ended (the worker logs and counts these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HolderEnd {
+    /// Released on purpose.
+    Released(ReleaseReason),
+    /// Not ours any more (deleted, or refused by the sink's fenced signal and
+    /// taken by another owner); nothing more was delivered.
+    Lost,
+    /// The release could not be written; the stream stays owned in the table
+    /// until the audit adopts it or the incarnation's items move.
+    ReleaseFailed,
+}
+
+/// A running session; aborted when dropped.
+struct Running {
+    ctl: SessionControl,
+    handle: JoinHandle<SessionEnd>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.ctl.abort.cancel();
+        self.handle.abort();
+    }
+}
+
+/// Parses the spec stored in the table. Items written by the seed carried only
+/// `ws_url`: they get a log sink and defaults.
+pub fn spec_of(record: &StreamRecord) -> Result<StreamConnectionSpec, String> {
+    let mut value = record
+        .spec
+        .clone()
+        .unwrap_or_else(|| serde_json::json!({"sink": {"log": {}}}));
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert(
+            "url".into(),
+            serde_json::Value::String(record.ws_url.clone()),
+        );
+    }
+    let spec: StreamConnectionSpec =
+        serde_json::from_value(value).map_err(|e| format!("stored spec is invalid: {e}"))?;
+    spec.validate().map_err(|errors| {
+        errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    })?;
+    Ok(spec)
+}
+
+pub struct Holder {
+    ctx: Arc<WorkerCtx>,
+    deps: SessionDeps,
+    held: HeldStream,
+    record: StreamRecord,
+    /// The last session failed permanently: wait for a new generation.
+    failed: bool,
+    last_status_write: Option<Instant>,
+}
+
+impl Holder {
+    pub fn new(
+        ctx: Arc<WorkerCtx>,
+        deps: SessionDeps,
+        held: HeldStream,
+        record: StreamRecord,
+    ) -> Self {
+        Self {
+            ctx,
+            deps,
+            held,
+            record,
+            failed: false,
+            last_status_write: None,
+        }
+    }
+
+    pub async fn run(mut self) -> HolderEnd {
+        let signals = self.held.signals.clone();
+        let fence = self.deps.fence.clone();
+        let progress = self.held.progress.clone();
+        let mut session: Option<Running> = None;
+        loop {
+            if session.is_none() && !self.failed && fence.is_valid() {
+                session = self.start_session();
+            }
+            let due = self.status_due();
+            let status_due = async move {
+                match due {
+                    Some(at) => sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let serving = session.is_some();
+            let session_done = async {
+                match session.as_mut() {
+                    Some(s) => (&mut s.handle).await.unwrap_or(SessionEnd::Aborted),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = signals.shutdown.cancelled() => return self.release(&mut session, ReleaseReason::Shutdown).await,
+                _ = signals.handoff.cancelled() => return self.release(&mut session, ReleaseReason::Rebalance).await,
+                _ = fence.closed(), if serving => {
+                    session = None;
+                    self.ctx.metrics.self_fences.inc();
+                    tracing::warn!(stream = %self.held.lease.key, "fence closed: session closed until a renewal is confirmed");
+                }
+                _ = fence.open(), if !serving && !self.failed && !fence.is_valid() => {}
+                end = session_done => {
+                    session = None;
+                    if let Some(end) = self.session_ended(end, &mut session).await {
+                        return end;
+                    }
+                }
+                _ = signals.changed.notified() => {
+                    if let Some(end) = self.follow_change(&mut session).await {
+                        return end;
+                    }
+                }
+                _ = progress.status_changed(), if due.is_none() => {}
+                _ = status_due => {
+                    if let Some(end) = self.write_status(&mut session).await {
+                        return end;
+                    }
+                }
+            }
+        }
+    }
+
+    /// When a pending status change should be written, if one is pending.
+    fn status_due(&self) -> Option<Instant> {
+        if !self.held.progress.has_unwritten_status() || !self.deps.fence.is_valid() {
+            return None;
+        }
+        Some(
+            self.last_status_write
+                .map_or_else(Instant::now, |t| t + STATUS_MIN_INTERVAL),
+        )
+    }
+
+    fn start_session(&mut self) -> Option<Running> {
+        self.failed = false;
+        let spec = match spec_of(&self.record) {
+            Ok(spec) => spec,
+            Err(message) => {
+                tracing::warn!(stream = %self.record.key, %message, "stream spec is invalid; not connecting");
+                self.held.progress.update_status(|s| {
+                    s.phase = Phase::Failed;
+                    s.reason = Some("InvalidSpec".into());
+                    s.message = Some(message);
+                });
+                self.failed = true;
+                return None;
+            }
+        };
+        let lease = &self.held.lease;
+        let cfg = SessionConfig {
+            key: lease.key.clone(),
+            connection: lease.key.to_string(),
+            worker: lease.owner.as_str().into(),
+            token: lease.counter,
+            spec,
+        };
+        let ctl = SessionControl::default();
+        let handle = self.ctx.sessions.start(
+            cfg,
+            self.held.progress.clone(),
+            self.deps.clone(),
+            ctl.clone(),
+        );
+        Some(Running { ctl, handle })
+    }
+
+    async fn session_ended(
+        &mut self,
+        end: SessionEnd,
+        session: &mut Option<Running>,
+    ) -> Option<HolderEnd> {
+        let key = &self.held.lease.key;
+        match end {
+            SessionEnd::Failed(message) => {
+                // Keep the stream so the fleet does not pass a broken one
+                // around; a new generation retries it.
+                tracing::warn!(stream = %key, %message, "stream failed permanently until its spec changes");
+                self.failed = true;
+                None
+            }
+            SessionEnd::SinkFenced => {
+                self.ctx
+                    .metrics
+                    .leases_lost
+                    .get_or_create(&[("reason", "sink_fenced")])
+                    .inc();
+                tracing::error!(stream = %key, token = self.held.lease.counter, "the sink refused this owner's token; releasing the stream");
+                Some(self.release(session, ReleaseReason::Unwanted).await)
+            }
+            SessionEnd::Fenced => {
+                self.ctx.metrics.self_fences.inc();
+                None
+            }
+            // Not asked for: started again on the next turn.
+            SessionEnd::Stopped | SessionEnd::Aborted => None,
+        }
+    }
+
+    /// Re-reads the stream after the control plane changed it.
+    async fn follow_change(&mut self, session: &mut Option<Running>) -> Option<HolderEnd> {
+        let key = self.held.lease.key.clone();
+        let current = loop {
+            match self.ctx.store.get(&key).await {
+                Ok(current) => break current,
+                Err(e) => {
+                    tracing::warn!(stream = %key, error = %e, "cannot re-read a changed stream; retrying");
+                    tokio::select! {
+                        _ = sleep(STORE_RETRY) => {}
+                        _ = self.held.signals.shutdown.cancelled() => return None,
+                    }
+                }
+            }
+        };
+        let ours = current.as_ref().is_some_and(|c| {
+            c.ownership() == Ownership::Owned(self.held.lease.owner.clone())
+                && c.lease_counter == self.held.lease.counter
+        });
+        let Some(current) = current.filter(|_| ours) else {
+            tracing::warn!(stream = %key, "stream deleted or no longer ours; closing the session at once");
+            *session = None;
+            self.ctx
+                .metrics
+                .leases_lost
+                .get_or_create(&[("reason", "taken_or_deleted")])
+                .inc();
+            return Some(HolderEnd::Lost);
+        };
+        if current.desired_state == DesiredState::Stopped {
+            tracing::info!(stream = %key, deleted = current.is_tombstone(), "stream is STOPPED; closing and releasing");
+            self.record = current;
+            return Some(self.release(session, ReleaseReason::Stopped).await);
+        }
+        if current.generation != self.record.generation
+            || current.ws_url != self.record.ws_url
+            || current.spec != self.record.spec
+        {
+            tracing::info!(stream = %key, generation = current.generation, "new spec: restarting the session");
+            if let Some(running) = session.take() {
+                self.stop_session(running, self.ctx.settings.drain_timeout)
+                    .await;
+            }
+            self.record = current;
+            self.failed = false;
+            self.held
+                .progress
+                .update_status(|s| s.phase = Phase::Pending);
+        }
+        None
+    }
+
+    async fn write_status(&mut self, session: &mut Option<Running>) -> Option<HolderEnd> {
+        let status = self.held.progress.take_status()?;
+        self.last_status_write = Some(Instant::now());
+        match Box::pin(self.ctx.store.write_status(
+            &self.held.lease,
+            &status,
+            self.record.generation,
+        ))
+        .await
+        {
+            Ok(OwnerWrite::Done(())) => None,
+            Ok(OwnerWrite::Lost) => {
+                tracing::warn!(stream = %self.held.lease.key, "status write found the stream no longer ours; closing the session");
+                *session = None;
+                self.ctx
+                    .metrics
+                    .leases_lost
+                    .get_or_create(&[("reason", "taken_or_deleted")])
+                    .inc();
+                Some(HolderEnd::Lost)
+            }
+            Err(e) => {
+                tracing::debug!(stream = %self.held.lease.key, error = %e, "status write failed; retrying");
+                self.held.progress.status_unwritten();
+                None
+            }
+        }
+    }
+
+    /// Graceful: flush and close with a normal close frame, within `budget`
+    /// and never past the fence; then abort.
+    async fn stop_session(&self, running: Running, budget: Duration) {
+        running.ctl.stop.cancel();
+        let until = (Instant::now() + budget).min(self.deps.fence.bound());
+        let mut running = running;
+        if timeout_at(until, &mut running.handle).await.is_err() {
+            tracing::warn!(stream = %self.held.lease.key, "session did not close in time; aborting it");
+        }
+        // Dropping aborts whatever is left.
+    }
+
+    /// Stops the session (bounded) and releases with the last acknowledged
+    /// checkpoint. The release is always attempted.
+    async fn release(&mut self, session: &mut Option<Running>, reason: ReleaseReason) -> HolderEnd {
+        let key = self.held.lease.key.clone();
+        if let Some(running) = session.take() {
+            let budget = self.ctx.settings.drain_timeout.mul_f64(DRAIN_STOP_SHARE);
+            self.stop_session(running, budget).await;
+        }
+        let checkpoint = self.held.progress.acked();
+        let (phase, why) = match reason {
+            ReleaseReason::Stopped => (Phase::Stopped, None),
+            ReleaseReason::Shutdown => (Phase::Pending, Some("OwnerShutdown")),
+            ReleaseReason::Rebalance => (Phase::Pending, Some("Rebalancing")),
+            ReleaseReason::Unwanted => (Phase::Pending, Some("Released")),
+        };
+        let status = SessionStatus {
+            phase,
+            reason: why.map(Into::into),
+            reconnects: self.held.progress.status().reconnects,
+            ..SessionStatus::default()
+        };
+        let label = reason.as_str();
+        for attempt in 0..RELEASE_ATTEMPTS {
+            let result = Box::pin(self.ctx.store.release(
+                &self.held.lease,
+                reason,
+                checkpoint,
+                &status,
+                self.record.desired_state,
+            ))
+            .await;
+            match result {
+                Ok(OwnerWrite::Done(())) => {
+                    self.ctx
+                        .metrics
+                        .releases
+                        .get_or_create(&[("result", label)])
+                        .inc();
+                    if reason == ReleaseReason::Rebalance {
+                        self.ctx.metrics.rebalance_handoffs.inc();
+                    }
+                    tracing::info!(stream = %key, checkpoint = ?checkpoint, reason = label, "released");
+                    return HolderEnd::Released(reason);
+                }
+                Ok(OwnerWrite::Lost) => {
+                    self.ctx
+                        .metrics
+                        .releases
+                        .get_or_create(&[("result", "lost")])
+                        .inc();
+                    return HolderEnd::Lost;
+                }
+                Err(e) => {
+                    self.ctx
+                        .metrics
+                        .releases
+                        .get_or_create(&[("result", "error")])
+                        .inc();
+                    tracing::warn!(stream = %key, error = %e, attempt, "release failed; retrying");
+                    sleep(STORE_RETRY).await;
+                }
+            }
+        }
+        HolderEnd::ReleaseFailed
+    }
+}

@@ -1,0 +1,147 @@
+//! Watching peers' heartbeats on this worker's monotonic clock.
+//!
+//! A peer is overdue when its `heartbeat_version` has not moved for a whole
+//! lease since this worker first saw that version. The peer fenced itself
+//! `fence_margin` before that (its fence runs from when it *sent* the renewal,
+//! which is before anyone could read it), so declaring it dead then is safe
+//! whatever the wall clocks say. The declaration is a conditional write on the
+//! version watched, so a renewal that lands first wins.
+
+use crate::lease::{Incarnation, WorkerRecord};
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::time::Instant;
+
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    version: u64,
+    since: Instant,
+}
+
+/// Versions seen per peer, and since when.
+#[derive(Debug)]
+pub struct Observer {
+    lease: Duration,
+    seen: HashMap<Incarnation, Seen>,
+}
+
+impl Observer {
+    pub fn new(lease: Duration) -> Self {
+        Self {
+            lease,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// Records a read of a peer's item made at `now`.
+    pub fn observe(&mut self, peer: &WorkerRecord, now: Instant) {
+        let seen = self.seen.entry(peer.incarnation.clone()).or_insert(Seen {
+            version: peer.heartbeat_version,
+            since: now,
+        });
+        // A stale read (an older version) changes nothing.
+        if peer.heartbeat_version > seen.version {
+            *seen = Seen {
+                version: peer.heartbeat_version,
+                since: now,
+            };
+        }
+    }
+
+    /// Peers whose version stood still for a whole lease, with that version.
+    pub fn overdue(&self, now: Instant) -> Vec<(Incarnation, u64)> {
+        self.seen
+            .iter()
+            .filter(|(_, s)| now.duration_since(s.since) >= self.lease)
+            .map(|(inc, s)| (inc.clone(), s.version))
+            .collect()
+    }
+
+    /// Whether a peer's version moved within `within` (a new peer counts as
+    /// moving until it has been watched that long).
+    pub fn progressing(&self, peer: &Incarnation, now: Instant, within: Duration) -> bool {
+        self.seen
+            .get(peer)
+            .is_none_or(|s| now.duration_since(s.since) < within)
+    }
+
+    /// Forgets peers that are no longer LIVE.
+    pub fn retain(&mut self, live: impl Fn(&Incarnation) -> bool) {
+        self.seen.retain(|inc, _| live(inc));
+    }
+}
+
+/// The peers after `me` in the ring of live incarnations (sorted by id): the
+/// ones this worker watches closely every pass, so every peer is watched by a
+/// few others without every worker reading every peer each pass.
+pub fn successors(me: &Incarnation, live: &[Incarnation], count: usize) -> Vec<Incarnation> {
+    let mut ring: Vec<&Incarnation> = live.iter().filter(|i| *i != me).collect();
+    ring.sort();
+    let start = ring.iter().position(|i| *i > me).unwrap_or(0);
+    ring.iter()
+        .cycle()
+        .skip(start)
+        .take(count.min(ring.len()))
+        .map(|i| (*i).clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::WorkerState;
+
+    fn record(inc: &Incarnation, version: u64) -> WorkerRecord {
+        WorkerRecord {
+            incarnation: inc.clone(),
+            state: WorkerState::Live,
+            heartbeat_version: version,
+            heartbeat_at_ms: 0,
+            alive_until_ms: 0,
+            held: 0,
+            started_at_ms: 0,
+            released_at_ms: None,
+            pod: None,
+            checkpoints: Default::default(),
+            checkpoint_shards: 0,
+            changed_streams: Vec::new(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_is_overdue_only_after_a_whole_lease_without_progress() {
+        let peer = Incarnation::new("p");
+        let mut o = Observer::new(Duration::from_secs(8));
+        o.observe(&record(&peer, 3), Instant::now());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        o.observe(&record(&peer, 3), Instant::now());
+        assert!(o.overdue(Instant::now()).is_empty());
+        // It renewed: the watch starts over from this read.
+        o.observe(&record(&peer, 4), Instant::now());
+        tokio::time::advance(Duration::from_secs(7)).await;
+        assert!(o.overdue(Instant::now()).is_empty());
+        // A stale read of an older version does not reset or confuse it.
+        o.observe(&record(&peer, 2), Instant::now());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(o.overdue(Instant::now()), vec![(peer.clone(), 4)]);
+        assert!(!o.progressing(&peer, Instant::now(), Duration::from_secs(4)));
+    }
+
+    #[test]
+    fn every_peer_is_watched_by_its_predecessors_in_the_ring() {
+        let ids: Vec<Incarnation> = (0..5)
+            .map(|i| Incarnation::parse(&format!("w{i}~{i}")).unwrap())
+            .collect();
+        let watched = successors(&ids[4], &ids, 2);
+        assert_eq!(
+            watched,
+            vec![ids[0].clone(), ids[1].clone()],
+            "wraps around"
+        );
+        assert_eq!(
+            successors(&ids[1], &ids, 2),
+            vec![ids[2].clone(), ids[3].clone()]
+        );
+        assert_eq!(successors(&ids[0], &ids[..1], 2), Vec::<Incarnation>::new());
+    }
+}

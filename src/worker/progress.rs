@@ -1,0 +1,161 @@
+//! What a held stream has achieved, shared by its session (which advances it),
+//! its holder (which reports status and releases with the checkpoint) and the
+//! worker's liveness task (which packs checkpoints into the worker item).
+
+use crate::lease::{Phase, SessionStatus};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// `AtomicU64` value standing for "no checkpoint".
+const NONE: u64 = u64::MAX;
+
+fn load(a: &AtomicU64) -> Option<u64> {
+    Some(a.load(Ordering::SeqCst)).filter(|v| *v != NONE)
+}
+
+/// One stream's checkpoint and session status.
+#[derive(Debug)]
+pub struct StreamProgress {
+    /// Highest sequence number the sink acknowledged.
+    acked: AtomicU64,
+    /// The checkpoint known to be on the stream item itself.
+    persisted: AtomicU64,
+    status: Mutex<SessionStatus>,
+    status_dirty: AtomicBool,
+    /// Signalled when the status changes, so the holder writes it soon.
+    status_changed: tokio::sync::Notify,
+}
+
+impl StreamProgress {
+    /// Starting from `checkpoint` (the resume point), of which `persisted` is
+    /// already on the item.
+    pub fn new(checkpoint: Option<u64>, persisted: Option<u64>) -> Self {
+        Self {
+            acked: AtomicU64::new(checkpoint.unwrap_or(NONE)),
+            persisted: AtomicU64::new(persisted.unwrap_or(NONE)),
+            status: Mutex::new(SessionStatus::default()),
+            status_dirty: AtomicBool::new(false),
+            status_changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The checkpoint: the highest acknowledged sequence number, if any.
+    pub fn acked(&self) -> Option<u64> {
+        load(&self.acked)
+    }
+
+    /// Advances the checkpoint (never backwards).
+    pub fn ack(&self, seq: u64) {
+        let _ = self
+            .acked
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
+                (cur == NONE || seq > cur).then_some(seq)
+            });
+    }
+
+    pub fn persisted(&self) -> Option<u64> {
+        load(&self.persisted)
+    }
+
+    /// Records that the stream item now holds at least `seq`.
+    pub fn mark_persisted(&self, seq: u64) {
+        let _ = self
+            .persisted
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
+                (cur == NONE || seq > cur).then_some(seq)
+            });
+    }
+
+    /// The checkpoint if it is ahead of what the stream item holds: what the
+    /// worker must keep in its packed checkpoints.
+    pub fn unpersisted(&self) -> Option<u64> {
+        match (self.acked(), self.persisted()) {
+            (Some(a), Some(p)) if a <= p => None,
+            (a, _) => a,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SessionStatus> {
+        self.status.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Changes the status; the holder writes it (rate-limited) when it changed.
+    pub fn update_status(&self, change: impl FnOnce(&mut SessionStatus)) {
+        let mut status = self.lock();
+        let before = status.clone();
+        change(&mut status);
+        // Only what a reader acts on is worth a write: the phase, the reason,
+        // and when the session connected (not every reconnect count).
+        let changed = status.phase != before.phase
+            || status.reason != before.reason
+            || status.connected_since_ms != before.connected_since_ms;
+        if changed {
+            self.status_dirty.store(true, Ordering::SeqCst);
+            self.status_changed.notify_one();
+        }
+    }
+
+    /// Resolves after the next status change (or at once if one is pending).
+    pub async fn status_changed(&self) {
+        self.status_changed.notified().await;
+    }
+
+    /// The status, if it changed since the last call (which marks it taken).
+    pub fn take_status(&self) -> Option<SessionStatus> {
+        self.status_dirty
+            .swap(false, Ordering::SeqCst)
+            .then(|| self.lock().clone())
+    }
+
+    /// Whether a status change waits to be written.
+    pub fn has_unwritten_status(&self) -> bool {
+        self.status_dirty.load(Ordering::SeqCst)
+    }
+
+    /// Marks the status as not yet written (after a failed write).
+    pub fn status_unwritten(&self) {
+        self.status_dirty.store(true, Ordering::SeqCst);
+    }
+
+    pub fn status(&self) -> SessionStatus {
+        self.lock().clone()
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.lock().phase
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_checkpoint_and_checkpoint_zero_are_different() {
+        let p = StreamProgress::new(None, None);
+        assert_eq!(p.acked(), None);
+        p.ack(0);
+        assert_eq!(p.acked(), Some(0), "sequence 0 is a checkpoint");
+        assert_eq!(p.unpersisted(), Some(0));
+        p.mark_persisted(0);
+        assert_eq!(p.unpersisted(), None);
+        p.ack(5);
+        p.ack(3);
+        assert_eq!(p.acked(), Some(5), "never backwards");
+        assert_eq!(p.unpersisted(), Some(5));
+    }
+
+    #[test]
+    fn status_changes_are_taken_once_and_counters_alone_are_not_news() {
+        let p = StreamProgress::new(None, None);
+        assert!(p.take_status().is_none());
+        p.update_status(|s| s.phase = Phase::Connected);
+        assert_eq!(p.take_status().map(|s| s.phase), Some(Phase::Connected));
+        assert!(p.take_status().is_none());
+        p.update_status(|s| s.reconnects += 1);
+        assert!(
+            p.take_status().is_none(),
+            "a reconnect count alone is not written"
+        );
+    }
+}

@@ -1,0 +1,80 @@
+//! The streams this incarnation holds, shared by the acquirer (which adds
+//! them), the liveness task (which packs their checkpoints and routes inbox
+//! changes to them) and the main loop (which removes them when their task ends).
+
+use super::progress::StreamProgress;
+use crate::lease::{Lease, StreamKey};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Signals a holder can receive.
+#[derive(Clone, Debug, Default)]
+pub struct HolderSignals {
+    /// Drain and release (graceful shutdown).
+    pub shutdown: CancellationToken,
+    /// Hand the stream over to another worker (fair share).
+    pub handoff: CancellationToken,
+    /// The control plane changed the stream: re-read it.
+    pub changed: Arc<Notify>,
+}
+
+/// One held stream.
+#[derive(Clone, Debug)]
+pub struct HeldStream {
+    pub lease: Lease,
+    pub progress: Arc<StreamProgress>,
+    pub signals: HolderSignals,
+}
+
+impl HeldStream {
+    /// Not being handed over.
+    pub fn staying(&self) -> bool {
+        !self.signals.handoff.is_cancelled()
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Registry {
+    streams: Mutex<HashMap<StreamKey, HeldStream>>,
+}
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<StreamKey, HeldStream>> {
+        self.streams.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn insert(&self, held: HeldStream) {
+        self.lock().insert(held.lease.key.clone(), held);
+    }
+
+    pub fn remove(&self, key: &StreamKey) {
+        self.lock().remove(key);
+    }
+
+    pub fn get(&self, key: &StreamKey) -> Option<HeldStream> {
+        self.lock().get(key).cloned()
+    }
+
+    pub fn contains(&self, key: &StreamKey) -> bool {
+        self.lock().contains_key(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    /// Streams held and not being handed over: the load fair share counts.
+    pub fn staying(&self) -> usize {
+        self.lock().values().filter(|h| h.staying()).count()
+    }
+
+    pub fn snapshot(&self) -> Vec<HeldStream> {
+        self.lock().values().cloned().collect()
+    }
+}

@@ -1,0 +1,133 @@
+//! Validated worker settings and the named multiples of time the worker uses.
+
+use super::error::WorkerError;
+use super::fence::fence_window;
+use crate::config::WorkerArgs;
+use crate::lease::valid_worker_id;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A renewal that failed is retried after this, not after a whole heartbeat,
+/// so a few seconds of DynamoDB trouble never fence a worker.
+pub const RENEW_RETRY: Duration = Duration::from_millis(500);
+/// Fair share counts only peers whose heartbeat moved within this many
+/// heartbeat intervals (a crashed worker stays LIVE until declared dead).
+pub const PEER_SILENCE_HEARTBEATS: u32 = 3;
+/// Minimum time between two rebalancing handoffs of one worker, in heartbeats.
+pub const HANDOFF_COOLDOWN_HEARTBEATS: u32 = 2;
+/// Above its fair share, a worker leaves streams released on shutdown (or
+/// never owned) this many reconcile intervals to workers below it.
+pub const SHARE_GRACE_INTERVALS: u32 = 2;
+/// ... and streams released for rebalancing this many.
+pub const REBALANCE_GRACE_INTERVALS: u32 = 4;
+/// Unowned partitions are scanned at least this often even when no peer
+/// released anything (new streams from the control plane are found so).
+pub const UNOWNED_SCAN_PERIOD: Duration = Duration::from_secs(1);
+/// Own partitions are audited every this many heartbeats: anything owned but
+/// not served (an acquire whose answer was lost, a task that died) is adopted.
+pub const AUDIT_HEARTBEATS: u32 = 4;
+/// Share of the drain timeout a stream's session may take to flush and close;
+/// the rest is for releasing (a slow sink must never cost the release).
+pub const DRAIN_STOP_SHARE: f64 = 0.5;
+/// Minimum time between two status writes of one stream.
+pub const STATUS_MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// Fraction of the reconcile interval used as jitter (±), so a fleet that
+/// started together does not query and acquire in lockstep.
+pub const RECONCILE_JITTER: f64 = 0.25;
+
+/// Validated worker settings.
+#[derive(Clone, Debug)]
+pub struct WorkerSettings {
+    pub worker_id: String,
+    /// Peers declare this worker dead after watching its heartbeat stand
+    /// still this long.
+    pub lease_duration: Duration,
+    pub heartbeat_interval: Duration,
+    pub reconcile_interval: Duration,
+    /// `lease_duration - fence_margin`.
+    pub fence_window: Duration,
+    /// Largest clock disagreement with DynamoDB tolerated before refusing to acquire.
+    pub max_clock_skew: Duration,
+    pub max_connections: usize,
+    pub drain_timeout: Duration,
+    pub rebalance: bool,
+    /// Extra trusted CA certificates for `wss://` upstreams.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl WorkerSettings {
+    pub fn from_args(args: &WorkerArgs) -> Result<Self, WorkerError> {
+        let WorkerArgs {
+            worker_id,
+            lease_duration,
+            heartbeat_interval,
+            reconcile_interval,
+            max_clock_skew,
+            fence_margin,
+            max_connections,
+            metrics_addr: _,
+            drain_timeout,
+            allow_hosts: _,
+            no_rebalance,
+            status_refresh: _,
+            ca_file,
+        } = args;
+        if heartbeat_interval.is_zero() || reconcile_interval.is_zero() {
+            return Err(WorkerError::Settings(
+                "--heartbeat-interval and --reconcile-interval must be positive".into(),
+            ));
+        }
+        let fence_window = fence_window(*lease_duration, *fence_margin, *heartbeat_interval)
+            .map_err(WorkerError::Settings)?;
+        let worker_id = worker_id.clone().unwrap_or_else(default_worker_id);
+        if !valid_worker_id(&worker_id) {
+            return Err(WorkerError::Settings(format!(
+                "--worker-id '{worker_id}': use at most 128 letters, digits, '.', '_' or '-'"
+            )));
+        }
+        Ok(Self {
+            worker_id,
+            lease_duration: *lease_duration,
+            heartbeat_interval: *heartbeat_interval,
+            reconcile_interval: *reconcile_interval,
+            fence_window,
+            max_clock_skew: *max_clock_skew,
+            max_connections: *max_connections,
+            drain_timeout: *drain_timeout,
+            rebalance: !no_rebalance,
+            ca_file: ca_file.clone(),
+        })
+    }
+}
+
+/// `$POD_NAME` in Kubernetes; elsewhere the host name. Each process adds its
+/// own random incarnation suffix, so two processes never share an owner
+/// identity even with the same worker id.
+pub fn default_worker_id() -> String {
+    if let Ok(pod) = std::env::var("POD_NAME")
+        && !pod.is_empty()
+    {
+        return pod;
+    }
+    let host = hostname::get()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "tether".into());
+    host.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(128)
+        .collect()
+}
+
+/// `interval` with ±[`RECONCILE_JITTER`] jitter.
+pub fn jittered(interval: Duration) -> Duration {
+    use rand::Rng;
+    let factor = rand::rng().random_range((1.0 - RECONCILE_JITTER)..=(1.0 + RECONCILE_JITTER));
+    interval.mul_f64(factor)
+}

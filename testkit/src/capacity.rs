@@ -1,0 +1,622 @@
+//! A capacity model of DynamoDB partitions, as an HTTP proxy in front of a
+//! DynamoDB-compatible server.
+//!
+//! dynoxide and dynalite have no partition limits, so nothing run against them
+//! can see a hot key. This proxy meters every request that passes the way
+//! DynamoDB bills and limits it: each write's units (as the server computes
+//! them, table and each index, by DynamoDB's rules) are charged to the
+//! partition-key values they touch — the item's key in the table, and in each
+//! index the old and the new index key when a write moves an item between
+//! index partitions — and reads to the partition they query. A partition-key
+//! value that has taken 1,000 write units (or 3,000 read units) in the current
+//! second is throttled with `ProvisionedThroughputExceededException`, as
+//! DynamoDB throttles a hot partition, and so is a write to an item whose
+//! index partition is over its limit (DynamoDB throttles the table write when
+//! an index cannot take it). It also keeps every write's outcome on the
+//! ownership attributes, so a run can be checked from the store's history
+//! rather than the workers' word.
+//!
+//! It is a model: DynamoDB's adaptive capacity, burst credits and
+//! split-for-heat are left out (they only ever raise a single key's ceiling
+//! up to the same 1,000/3,000 per second), and it serialises writes per item
+//! to see their before and after images.
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// DynamoDB's per-partition limits.
+pub const WRITE_UNITS_PER_SECOND: f64 = 1000.0;
+pub const READ_UNITS_PER_SECOND: f64 = 3000.0;
+/// Attributes whose before/after values the model reads around each write.
+const WATCHED: &str =
+    "Pk, holder, desired_state, lease_expires_at_ms, lease_owner, lease_counter, worker_state";
+/// The indexes the model knows, with their partition-key attribute.
+const INDEXES: [(&str, &str); 2] = [("by_holder", "holder"), ("by_state", "desired_state")];
+
+/// A partition-key value: the table's, or one index's.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct PartitionKey {
+    /// `table` or the index name.
+    pub scope: String,
+    pub value: String,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Window {
+    second: u64,
+    write: f64,
+    read: f64,
+}
+
+/// One write as the store recorded it (after-image of the ownership attributes).
+#[derive(Clone, Debug, Serialize)]
+pub struct HistoryEntry {
+    pub at_ms: u64,
+    pub pk: String,
+    pub owner: Option<String>,
+    pub counter: Option<u64>,
+    pub expires_at_ms: Option<u64>,
+    pub worker_state: Option<String>,
+    pub deleted: bool,
+}
+
+#[derive(Default)]
+struct Usage {
+    windows: HashMap<PartitionKey, Window>,
+    /// Highest units in any one second, per key: (write, read).
+    peaks: HashMap<PartitionKey, (f64, f64)>,
+    throttled: HashMap<PartitionKey, u64>,
+    write_units: f64,
+    read_units: f64,
+    requests: u64,
+}
+
+/// Peak usage of the hottest keys, and totals.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CapacityReport {
+    pub hottest_write_key: Option<PartitionKey>,
+    pub hottest_write_units_per_s: f64,
+    pub hottest_read_key: Option<PartitionKey>,
+    pub hottest_read_units_per_s: f64,
+    pub throttled_requests: u64,
+    pub throttled_keys: Vec<(PartitionKey, u64)>,
+    pub write_units: f64,
+    pub read_units: f64,
+    pub requests: u64,
+}
+
+struct ModelState {
+    target: String,
+    client: reqwest::Client,
+    started: Instant,
+    throttling: bool,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    usage: Mutex<Usage>,
+    history: Mutex<Vec<HistoryEntry>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The running model; stops when dropped.
+pub struct CapacityModel {
+    pub addr: SocketAddr,
+    state: Arc<ModelState>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for CapacityModel {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl CapacityModel {
+    /// A model in front of `target` (a DynamoDB-compatible endpoint);
+    /// `throttling` off only meters.
+    pub async fn start(
+        listen: SocketAddr,
+        target: &str,
+        throttling: bool,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(ModelState {
+            target: target.trim_end_matches('/').to_string(),
+            client: reqwest::Client::builder()
+                .pool_max_idle_per_host(256)
+                .build()
+                .map_err(std::io::Error::other)?,
+            started: Instant::now(),
+            throttling,
+            locks: Mutex::default(),
+            usage: Mutex::default(),
+            history: Mutex::default(),
+        });
+        let app = Router::new().fallback(handle).with_state(state.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self { addr, state, task })
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Forgets usage and history (e.g. after loading a table directly).
+    pub fn reset(&self) {
+        *lock(&self.state.usage) = Usage::default();
+        lock(&self.state.history).clear();
+    }
+
+    /// Milliseconds since the model started (the history's clock).
+    pub fn now_ms(&self) -> u64 {
+        self.state.started.elapsed().as_millis() as u64
+    }
+
+    pub fn report(&self) -> CapacityReport {
+        let usage = lock(&self.state.usage);
+        let hottest = |pick: fn(&(f64, f64)) -> f64| {
+            usage
+                .peaks
+                .iter()
+                .max_by(|a, b| pick(a.1).total_cmp(&pick(b.1)))
+                .map(|(k, v)| (k.clone(), pick(v)))
+        };
+        let (wk, wv) = hottest(|p| p.0).map_or((None, 0.0), |(k, v)| (Some(k), v));
+        let (rk, rv) = hottest(|p| p.1).map_or((None, 0.0), |(k, v)| (Some(k), v));
+        let mut throttled_keys: Vec<_> = usage
+            .throttled
+            .iter()
+            .map(|(k, n)| (k.clone(), *n))
+            .collect();
+        throttled_keys.sort_by_key(|k| std::cmp::Reverse(k.1));
+        throttled_keys.truncate(5);
+        CapacityReport {
+            hottest_write_key: wk,
+            hottest_write_units_per_s: wv,
+            hottest_read_key: rk,
+            hottest_read_units_per_s: rv,
+            throttled_requests: usage.throttled.values().sum(),
+            throttled_keys,
+            write_units: usage.write_units,
+            read_units: usage.read_units,
+            requests: usage.requests,
+        }
+    }
+
+    pub fn history(&self) -> Vec<HistoryEntry> {
+        lock(&self.state.history).clone()
+    }
+}
+
+impl ModelState {
+    fn second(&self) -> u64 {
+        self.started.elapsed().as_secs()
+    }
+
+    /// Whether any of `keys` is over its limit in the current second.
+    fn over_limit(&self, keys: &[PartitionKey], write: bool) -> Option<PartitionKey> {
+        if !self.throttling {
+            return None;
+        }
+        let now = self.second();
+        let usage = lock(&self.usage);
+        keys.iter()
+            .find(|k| {
+                usage.windows.get(*k).is_some_and(|w| {
+                    w.second == now
+                        && if write {
+                            w.write >= WRITE_UNITS_PER_SECOND
+                        } else {
+                            w.read >= READ_UNITS_PER_SECOND
+                        }
+                })
+            })
+            .cloned()
+    }
+
+    fn charge(&self, key: PartitionKey, write: f64, read: f64) {
+        let now = self.second();
+        let mut usage = lock(&self.usage);
+        usage.write_units += write;
+        usage.read_units += read;
+        let w = usage.windows.entry(key.clone()).or_default();
+        if w.second != now {
+            *w = Window {
+                second: now,
+                ..Window::default()
+            };
+        }
+        w.write += write;
+        w.read += read;
+        let (ww, wr) = (w.write, w.read);
+        let peak = usage.peaks.entry(key).or_default();
+        peak.0 = peak.0.max(ww);
+        peak.1 = peak.1.max(wr);
+    }
+
+    fn throttle(&self, key: PartitionKey) -> Response {
+        *lock(&self.usage).throttled.entry(key).or_default() += 1;
+        let body = r#"{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"The partition's throughput was exceeded (capacity model)"}"#;
+        (
+            StatusCode::BAD_REQUEST,
+            [("content-type", "application/x-amz-json-1.0")],
+            body,
+        )
+            .into_response()
+    }
+
+    async fn send(
+        &self,
+        target: &str,
+        body: &Value,
+        headers: Option<&HeaderMap>,
+    ) -> Result<(StatusCode, HeaderMap, Bytes), StatusCode> {
+        let mut request = self.client.post(&self.target).body(body.to_string());
+        match headers {
+            Some(headers) => {
+                for (name, value) in headers {
+                    if name != "host" && name != "content-length" {
+                        request = request.header(name, value);
+                    }
+                }
+            }
+            None => {
+                request = request
+                    .header("x-amz-target", format!("DynamoDB_20120810.{target}"))
+                    .header("content-type", "application/x-amz-json-1.0")
+                    .header("x-amz-date", "20260101T000000Z")
+                    .header(
+                        "authorization",
+                        "AWS4-HMAC-SHA256 Credential=capacity/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host;x-amz-date, Signature=0",
+                    );
+            }
+        }
+        let resp = request.send().await.map_err(|_| StatusCode::BAD_GATEWAY)?;
+        let status = resp.status();
+        let mut out = HeaderMap::new();
+        for (name, value) in resp.headers() {
+            if name != "content-length" && name != "transfer-encoding" {
+                out.insert(name.clone(), value.clone());
+            }
+        }
+        let bytes = resp.bytes().await.map_err(|_| StatusCode::BAD_GATEWAY)?;
+        Ok((status, out, bytes))
+    }
+
+    /// The watched attributes of an item (strongly consistent).
+    async fn watched(&self, table: &str, pk: &str) -> Option<Value> {
+        let body = json!({
+            "TableName": table,
+            "Key": {"Pk": {"S": pk}},
+            "ConsistentRead": true,
+            "ProjectionExpression": WATCHED,
+        });
+        let (status, _, bytes) = self.send("GetItem", &body, None).await.ok()?;
+        if !status.is_success() {
+            return None;
+        }
+        serde_json::from_slice::<Value>(&bytes)
+            .ok()?
+            .get("Item")
+            .cloned()
+    }
+
+    fn key_lock(&self, id: String) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.locks).entry(id).or_default().clone()
+    }
+}
+
+fn s_attr(item: Option<&Value>, name: &str) -> Option<String> {
+    item?.get(name)?.get("S")?.as_str().map(str::to_string)
+}
+
+fn n_attr(item: Option<&Value>, name: &str) -> Option<u64> {
+    item?.get(name)?.get("N")?.as_str()?.parse().ok()
+}
+
+fn units(v: Option<&Value>) -> f64 {
+    v.and_then(|c| c.get("CapacityUnits"))
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0)
+}
+
+async fn handle(State(state): State<Arc<ModelState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let target = headers
+        .get("x-amz-target")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|t| t.split('.').nth(1))
+        .unwrap_or("")
+        .to_string();
+    let Ok(mut request) = serde_json::from_slice::<Value>(&body) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    lock(&state.usage).requests += 1;
+    let table = request
+        .get("TableName")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let response = match target.as_str() {
+        "PutItem" | "UpdateItem" | "DeleteItem" => {
+            let key_field = if target == "PutItem" { "Item" } else { "Key" };
+            let pk = request
+                .get(key_field)
+                .and_then(|k| k.get("Pk"))
+                .and_then(|v| v.get("S"))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            write(&state, &headers, &mut request, &table, &pk).await
+        }
+        "Query" | "GetItem" | "Scan" | "BatchGetItem" => {
+            read(&state, &headers, &mut request, &target, &table).await
+        }
+        _ => state
+            .send(&target, &request, Some(&headers))
+            .await
+            .map_err(IntoResponse::into_response),
+    };
+    match response {
+        Ok((status, headers, bytes)) => (status, headers, bytes).into_response(),
+        Err(early) => early,
+    }
+}
+
+type Forwarded = Result<(StatusCode, HeaderMap, Bytes), Response>;
+
+async fn write(
+    state: &ModelState,
+    headers: &HeaderMap,
+    request: &mut Value,
+    table: &str,
+    pk: &str,
+) -> Forwarded {
+    let item_lock = state.key_lock(format!("{table}/{pk}"));
+    let _guard = item_lock.lock().await;
+    let before = state.watched(table, pk).await;
+    let mut keys = vec![PartitionKey {
+        scope: "table".into(),
+        value: pk.to_string(),
+    }];
+    for (index, attribute) in INDEXES {
+        if let Some(v) = s_attr(before.as_ref(), attribute) {
+            keys.push(PartitionKey {
+                scope: index.into(),
+                value: v,
+            });
+        }
+    }
+    if let Some(hot) = state.over_limit(&keys, true) {
+        return Err(state.throttle(hot));
+    }
+    request["ReturnConsumedCapacity"] = json!("INDEXES");
+    let (status, out_headers, bytes) = state
+        .send("", request, Some(headers))
+        .await
+        .map_err(IntoResponse::into_response)?;
+    if status.is_success() {
+        let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let consumed = answer.get("ConsumedCapacity");
+        let after = state.watched(table, pk).await;
+        state.charge(
+            keys[0].clone(),
+            units(consumed.and_then(|c| c.get("Table"))),
+            0.0,
+        );
+        for (index, attribute) in INDEXES {
+            let total = units(
+                consumed
+                    .and_then(|c| c.get("GlobalSecondaryIndexes"))
+                    .and_then(|g| g.get(index)),
+            );
+            if total == 0.0 {
+                continue;
+            }
+            let old = s_attr(before.as_ref(), attribute);
+            let new = s_attr(after.as_ref(), attribute);
+            let charges: Vec<(String, f64)> = match (old, new) {
+                (Some(o), Some(n)) if o != n => vec![(o, total / 2.0), (n, total / 2.0)],
+                (Some(k), _) | (None, Some(k)) => vec![(k, total)],
+                (None, None) => Vec::new(),
+            };
+            for (value, units) in charges {
+                state.charge(
+                    PartitionKey {
+                        scope: index.into(),
+                        value,
+                    },
+                    units,
+                    0.0,
+                );
+            }
+        }
+        lock(&state.history).push(HistoryEntry {
+            at_ms: state.started.elapsed().as_millis() as u64,
+            pk: pk.to_string(),
+            owner: s_attr(after.as_ref(), "lease_owner"),
+            counter: n_attr(after.as_ref(), "lease_counter"),
+            expires_at_ms: n_attr(after.as_ref(), "lease_expires_at_ms"),
+            worker_state: s_attr(after.as_ref(), "worker_state"),
+            deleted: after.is_none(),
+        });
+    }
+    Ok((status, out_headers, bytes))
+}
+
+/// The partition a query reads: the value compared in its key condition's
+/// first clause.
+fn query_partition(request: &Value) -> Option<String> {
+    let condition = request.get("KeyConditionExpression")?.as_str()?;
+    let first = condition.split(" AND ").next()?;
+    let values = request.get("ExpressionAttributeValues")?.as_object()?;
+    values
+        .iter()
+        .find(|(placeholder, _)| first.contains(placeholder.as_str()))
+        .and_then(|(_, v)| v.get("S")?.as_str().map(str::to_string))
+}
+
+async fn read(
+    state: &ModelState,
+    headers: &HeaderMap,
+    request: &mut Value,
+    target: &str,
+    table: &str,
+) -> Forwarded {
+    let key = match target {
+        "Query" => query_partition(request).map(|value| PartitionKey {
+            scope: request
+                .get("IndexName")
+                .and_then(Value::as_str)
+                .unwrap_or("table")
+                .to_string(),
+            value,
+        }),
+        "GetItem" => request
+            .get("Key")
+            .and_then(|k| k.get("Pk"))
+            .and_then(|v| v.get("S"))
+            .and_then(Value::as_str)
+            .map(|pk| PartitionKey {
+                scope: "table".into(),
+                value: pk.to_string(),
+            }),
+        _ => None,
+    };
+    if let Some(k) = &key
+        && let Some(hot) = state.over_limit(std::slice::from_ref(k), false)
+    {
+        return Err(state.throttle(hot));
+    }
+    request["ReturnConsumedCapacity"] = json!("TOTAL");
+    let (status, out_headers, bytes) = state
+        .send("", request, Some(headers))
+        .await
+        .map_err(IntoResponse::into_response)?;
+    if status.is_success() {
+        let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let consumed: f64 = match answer.get("ConsumedCapacity") {
+            Some(Value::Array(list)) => list.iter().map(|c| units(Some(c))).sum(),
+            other => units(other),
+        };
+        let key = key.unwrap_or(PartitionKey {
+            scope: "table".into(),
+            value: format!("{target}:{table}"),
+        });
+        state.charge(key, 0.0, consumed);
+    }
+    Ok((status, out_headers, bytes))
+}
+
+/// Ownership transfers in `history` that skipped both a release and the
+/// previous owner's death: moments when two incarnations owned one stream.
+/// (Applies to the incarnation protocol, whose owners are `id~suffix`.)
+pub fn double_owners(history: &[HistoryEntry]) -> Vec<String> {
+    let mut ended: HashMap<String, u64> = HashMap::new();
+    for h in history {
+        if let Some(inc) = h.pk.strip_prefix("WORKER#")
+            && matches!(h.worker_state.as_deref(), Some("DEAD" | "LEFT"))
+        {
+            ended.entry(inc.to_string()).or_insert(h.at_ms);
+        }
+    }
+    let mut last: HashMap<&str, &HistoryEntry> = HashMap::new();
+    let mut bad = Vec::new();
+    for h in history.iter().filter(|h| h.pk.starts_with("CONN#")) {
+        if let Some(prev) = last.get(h.pk.as_str()) {
+            let owned = |e: &HistoryEntry| e.expires_at_ms == Some(tether::lease::OWNED_EXPIRY_MS);
+            if owned(prev) && owned(h) && prev.owner != h.owner {
+                let previous = prev.owner.clone().unwrap_or_default();
+                let ended_at = ended.get(&previous).copied();
+                if ended_at.is_none_or(|t| t > h.at_ms) {
+                    bad.push(format!(
+                        "{}: {} → {:?} at {} ms while {} was live",
+                        h.pk, previous, h.owner, h.at_ms, previous
+                    ));
+                }
+            }
+        }
+        last.insert(h.pk.as_str(), h);
+    }
+    bad
+}
+
+/// Waits until `check` holds, polling.
+pub async fn until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(
+        at_ms: u64,
+        pk: &str,
+        owner: Option<&str>,
+        owned: bool,
+        state: Option<&str>,
+    ) -> HistoryEntry {
+        HistoryEntry {
+            at_ms,
+            pk: pk.into(),
+            owner: owner.map(Into::into),
+            counter: None,
+            expires_at_ms: Some(if owned {
+                tether::lease::OWNED_EXPIRY_MS
+            } else {
+                0
+            }),
+            worker_state: state.map(Into::into),
+            deleted: false,
+        }
+    }
+
+    #[test]
+    fn a_transfer_is_only_safe_after_a_release_or_the_owner_s_end() {
+        let safe = vec![
+            entry(1, "CONN#a/s", Some("w1~1"), true, None),
+            entry(2, "WORKER#w1~1", None, false, Some("DEAD")),
+            entry(3, "CONN#a/s", Some("w2~2"), true, None),
+            entry(4, "CONN#a/s", Some("w2~2"), false, None),
+            entry(5, "CONN#a/s", Some("w3~3"), true, None),
+        ];
+        assert!(double_owners(&safe).is_empty());
+        let unsafe_ = vec![
+            entry(1, "CONN#a/s", Some("w1~1"), true, None),
+            entry(2, "CONN#a/s", Some("w2~2"), true, None),
+            entry(3, "WORKER#w1~1", None, false, Some("DEAD")),
+        ];
+        assert_eq!(double_owners(&unsafe_).len(), 1);
+    }
+
+    #[test]
+    fn queries_are_charged_to_the_partition_their_key_condition_names() {
+        let q = json!({"KeyConditionExpression": "#p = :p", "ExpressionAttributeValues": {":p": {"S": "UNOWNED#3"}}});
+        assert_eq!(query_partition(&q).as_deref(), Some("UNOWNED#3"));
+        let v1 = json!({"KeyConditionExpression": "desired_state = :partition AND lease_expires_at_ms < :now",
+            "ExpressionAttributeValues": {":partition": {"S": "STARTED"}, ":now": {"N": "5"}}});
+        assert_eq!(query_partition(&v1).as_deref(), Some("STARTED"));
+    }
+}

@@ -1,0 +1,340 @@
+//! A seeded chaos run. A fleet of workers — two of them started with the same
+//! worker id — each behind its own DynamoDB fault proxy, serving a zero-based
+//! feed, is hit by random faults: SIGKILL (then a restart), SIGSTOP beyond
+//! the lease, cut-offs from DynamoDB, throttling, brownouts (slow answers),
+//! sink outages, a slow sink, SIGTERM during a brownout with a slow sink,
+//! handoffs during a brownout (a worker joins while another is browned out),
+//! delete/re-create of a stream, and a worker whose clock is skewed beyond the
+//! budget. The report counts what must stay zero (overlapping sessions,
+//! sequence gaps, stale deliveries) and what is measured (duplicates,
+//! ownerless time).
+
+use crate::bed::{Bed, loopback};
+use crate::dynamo_proxy::{DynamoFault, DynamoFaultProxy};
+use crate::fleet::WorkerProcess;
+use crate::sink::SinkFault;
+use crate::store::endpoint;
+use nix::sys::signal::Signal;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+use tether::lease::DeleteOutcome;
+use tokio::time::Instant;
+
+/// How often sessions are sampled for ownerless time.
+const SAMPLE: Duration = Duration::from_millis(100);
+/// Worker id shared by slots 0 and 1 (duplicate identities).
+const DUPLICATE_ID: &str = "chaos-dup";
+/// A clock shift well beyond the default `--max-clock-skew`.
+const SKEW_SECONDS: i64 = 30;
+
+#[derive(Clone, Debug)]
+pub struct ChaosConfig {
+    pub seed: u64,
+    pub duration: Duration,
+    pub streams: usize,
+    pub workers: usize,
+    pub lease: Duration,
+    pub heartbeat: Duration,
+    pub reconcile: Duration,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ChaosReport {
+    pub seed: u64,
+    pub duration_s: f64,
+    pub streams: usize,
+    pub workers: usize,
+    pub events: BTreeMap<&'static str, u32>,
+    pub throttled_requests: u64,
+    pub overlapping_sessions: usize,
+    pub sequence_gaps: usize,
+    pub stale_deliveries: u64,
+    pub duplicates: u64,
+    pub delivered: usize,
+    pub max_ownerless_s: f64,
+    pub ownerless_stream_seconds: f64,
+    /// The longest a stream went without a session when no fault was holding
+    /// it back: after the fleet settled.
+    pub settle_s: f64,
+}
+
+enum Restore {
+    Restart(usize),
+    Continue(usize),
+    StorePass(usize),
+    SinkPass,
+    Unskew(usize),
+}
+
+struct Slot {
+    proxy: DynamoFaultProxy,
+    process: Option<WorkerProcess>,
+    id: String,
+    busy_until: Instant,
+}
+
+pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
+    let names = bed.apply("chaos", cfg.streams).await?;
+    let mut fleet = bed.fleet.clone();
+    fleet.workers.lease_duration = cfg.lease;
+    fleet.workers.heartbeat_interval = cfg.heartbeat;
+    fleet.workers.reconcile_interval = cfg.reconcile;
+    fleet.workers.fence_margin = cfg.lease / 8;
+    let mut slots = Vec::new();
+    for i in 0..cfg.workers {
+        let proxy = DynamoFaultProxy::start(loopback(), &endpoint().0).await?;
+        let id = if i < 2 {
+            DUPLICATE_ID.to_string()
+        } else {
+            format!("chaos{i}")
+        };
+        let process = fleet.spawn_via(&id, &proxy.endpoint())?;
+        slots.push(Slot {
+            proxy,
+            process: Some(process),
+            id,
+            busy_until: Instant::now(),
+        });
+    }
+    Bed::wait(
+        Duration::from_secs(60),
+        "every chaos stream is connected",
+        || async { bed.connected_once(&names) },
+    )
+    .await?;
+
+    let mut rng = StdRng::seed_from_u64(cfg.seed);
+    let mut report = ChaosReport {
+        seed: cfg.seed,
+        streams: cfg.streams,
+        workers: cfg.workers,
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let end = started + cfg.duration;
+    let mut next_event = started + Duration::from_millis(rng.random_range(1000..3000));
+    let mut pending: Vec<(Instant, Restore)> = Vec::new();
+    let mut sink_busy_until = Instant::now();
+    let mut ownerless_run: HashMap<String, f64> = HashMap::new();
+    let mut sampler = tokio::time::interval(SAMPLE);
+    let hold = cfg.lease + Duration::from_secs(1);
+    let mut recreations = 0u32;
+
+    loop {
+        sampler.tick().await;
+        let now = Instant::now();
+        sample(bed, &names, &mut ownerless_run, &mut report);
+        let (due, later): (Vec<_>, Vec<_>) = pending.into_iter().partition(|(at, _)| *at <= now);
+        pending = later;
+        for (_, restore) in due {
+            match restore {
+                Restore::Restart(i) => {
+                    let slot = &mut slots[i];
+                    slot.process = Some(fleet.spawn_via(&slot.id, &slot.proxy.endpoint())?);
+                }
+                Restore::Continue(i) => {
+                    if let Some(p) = &slots[i].process {
+                        p.signal(Signal::SIGCONT)?;
+                    }
+                }
+                Restore::StorePass(i) => slots[i].proxy.set(DynamoFault::Pass),
+                Restore::SinkPass => bed.sink_proxy.set(SinkFault::Pass),
+                Restore::Unskew(i) => slots[i].proxy.shift_date(0),
+            }
+        }
+        if now >= end {
+            if pending.is_empty() {
+                break;
+            }
+            continue;
+        }
+        if now < next_event {
+            continue;
+        }
+        next_event = now + Duration::from_millis(rng.random_range(1500..3500));
+        let healthy: Vec<usize> = (0..slots.len())
+            .filter(|i| slots[*i].busy_until <= now)
+            .collect();
+        let roll = rng.random_range(0..100);
+        let mut count = |name: &'static str| *report.events.entry(name).or_default() += 1;
+        // Never disturb the last healthy worker: the run checks safety, not a total outage.
+        if roll < 12 || healthy.len() < 2 {
+            if sink_busy_until <= now {
+                let (fault, name) = if rng.random_bool(0.5) {
+                    (SinkFault::Unavailable, "sink_outage")
+                } else {
+                    (SinkFault::Slow(Duration::from_millis(1500)), "slow_sink")
+                };
+                bed.sink_proxy.set(fault);
+                sink_busy_until = now + Duration::from_secs(4);
+                pending.push((sink_busy_until, Restore::SinkPass));
+                count(name);
+            }
+            continue;
+        }
+        if roll < 20 {
+            // Delete a stream and create it again under the same name: its
+            // tokens must go on growing, so the sink keeps accepting it.
+            let name = &names[rng.random_range(0..names.len())];
+            if bed
+                .store
+                .delete_stream(&bed.key(name), Duration::from_secs(20))
+                .await?
+                == DeleteOutcome::Deleted
+            {
+                recreations += 1;
+                bed.apply_spec(name, &bed.spec(name), 1 + i64::from(recreations) * 10)
+                    .await?;
+                count("delete_recreate");
+            }
+            continue;
+        }
+        let i = healthy[rng.random_range(0..healthy.len())];
+        let slot = &mut slots[i];
+        match roll {
+            20..=35 => {
+                if let Some(p) = &slot.process {
+                    p.signal(Signal::SIGKILL)?;
+                }
+                slot.busy_until = now + Duration::from_secs(2);
+                pending.push((slot.busy_until, Restore::Restart(i)));
+                count("sigkill");
+            }
+            36..=47 => {
+                if let Some(p) = &slot.process {
+                    p.signal(Signal::SIGSTOP)?;
+                }
+                slot.busy_until = now + hold;
+                pending.push((slot.busy_until, Restore::Continue(i)));
+                count("sigstop_beyond_lease");
+            }
+            48..=59 => {
+                slot.proxy.set(DynamoFault::Blackhole);
+                slot.busy_until = now + hold;
+                pending.push((slot.busy_until, Restore::StorePass(i)));
+                count("dynamodb_cut");
+            }
+            60..=67 => {
+                slot.proxy.set(DynamoFault::Throttle(0.5));
+                slot.busy_until = now + Duration::from_secs(5);
+                pending.push((slot.busy_until, Restore::StorePass(i)));
+                count("dynamodb_throttle_50pct");
+            }
+            68..=77 => {
+                // SIGTERM while DynamoDB answers slowly and the sink is slow.
+                slot.proxy
+                    .set(DynamoFault::Slow(Duration::from_millis(1500)));
+                if sink_busy_until <= now {
+                    bed.sink_proxy
+                        .set(SinkFault::Slow(Duration::from_millis(1500)));
+                    sink_busy_until = now + Duration::from_secs(6);
+                    pending.push((sink_busy_until, Restore::SinkPass));
+                }
+                if let Some(p) = &slot.process {
+                    p.signal(Signal::SIGTERM)?;
+                }
+                slot.busy_until = now + Duration::from_secs(8);
+                pending.push((now + Duration::from_secs(7), Restore::StorePass(i)));
+                pending.push((slot.busy_until, Restore::Restart(i)));
+                count("sigterm_in_brownout_with_slow_sink");
+            }
+            78..=87 => {
+                // A brownout on one worker while another restarts: streams are
+                // handed over (rebalancing) through the browned-out worker.
+                slot.proxy
+                    .set(DynamoFault::Slow(Duration::from_millis(1200)));
+                slot.busy_until = now + Duration::from_secs(6);
+                pending.push((slot.busy_until, Restore::StorePass(i)));
+                if let Some(j) = healthy.iter().copied().find(|j| *j != i) {
+                    let other = &mut slots[j];
+                    if let Some(p) = &other.process {
+                        p.signal(Signal::SIGTERM)?;
+                    }
+                    other.busy_until = now + Duration::from_secs(6);
+                    pending.push((now + Duration::from_secs(3), Restore::Restart(j)));
+                }
+                count("handoff_in_brownout");
+            }
+            _ => {
+                slot.proxy.shift_date(if rng.random_bool(0.5) {
+                    SKEW_SECONDS
+                } else {
+                    -SKEW_SECONDS
+                });
+                slot.busy_until = now + Duration::from_secs(6);
+                pending.push((slot.busy_until, Restore::Unskew(i)));
+                count("skewed_clock");
+            }
+        }
+    }
+
+    // Everything restored: the fleet must settle with every stream connected once.
+    let settle_limit = cfg.lease * 3 + Duration::from_secs(15);
+    let settle_started = Instant::now();
+    while !bed.connected_once(&names) {
+        if settle_started.elapsed() > settle_limit {
+            let open = bed.upstream.open_sessions();
+            let views = bed.views().await;
+            let stuck: Vec<String> = names
+                .iter()
+                .filter(|n| open.get(*n) != Some(&1))
+                .map(|n| {
+                    let v = views.iter().find(|v| &v.record.key.name == n);
+                    format!(
+                        "{n}: open {:?}, owner {:?}, holder {:?}, desired {:?}, status {:?}",
+                        open.get(n),
+                        v.and_then(|v| v.owner.clone()),
+                        v.and_then(|v| v.record.holder.clone()),
+                        v.map(|v| v.record.desired_state),
+                        v.and_then(|v| v.record.status.clone())
+                    )
+                })
+                .collect();
+            anyhow::bail!(
+                "the fleet did not settle within {settle_limit:?} after the chaos ended (logs in {}):\n{}",
+                bed.log_dir.display(),
+                stuck.join("\n")
+            );
+        }
+        sampler.tick().await;
+        sample(bed, &names, &mut ownerless_run, &mut report);
+    }
+    report.settle_s = settle_started.elapsed().as_secs_f64();
+    report.duration_s = started.elapsed().as_secs_f64();
+    report.throttled_requests = slots.iter().map(|s| s.proxy.throttled()).sum();
+    for slot in &slots {
+        if let Some(p) = &slot.process {
+            let _ = p.signal(Signal::SIGTERM);
+        }
+    }
+    for slot in &mut slots {
+        if let Some(p) = slot.process.as_mut() {
+            let _ = p.wait(Duration::from_secs(15)).await;
+        }
+    }
+    report.overlapping_sessions = bed.overlaps(&names);
+    report.sequence_gaps = bed.gaps(&names);
+    report.duplicates = bed.duplicates(&names);
+    report.stale_deliveries = bed.stale(&names);
+    report.delivered = bed.delivered(&names);
+    Ok(report)
+}
+
+/// Adds one sample's ownerless time and tracks the longest ownerless stretch.
+fn sample(bed: &Bed, names: &[String], runs: &mut HashMap<String, f64>, report: &mut ChaosReport) {
+    let open = bed.upstream.open_sessions();
+    let step = SAMPLE.as_secs_f64();
+    for n in names {
+        let run = runs.entry(n.clone()).or_insert(0.0);
+        if open.contains_key(n) {
+            *run = 0.0;
+        } else {
+            *run += step;
+            report.ownerless_stream_seconds += step;
+            report.max_ownerless_s = report.max_ownerless_s.max(*run);
+        }
+    }
+}

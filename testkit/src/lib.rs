@@ -1,0 +1,23 @@
+//! tether's test kit (not shipped): real servers and harnesses for the
+//! integration tests, the chaos runner and the benchmarks. Everything listens
+//! on loopback only.
+//!
+//! - `store`: the DynamoDB-compatible server under test (dynoxide, or dynalite);
+//! - `upstream`: the replaying feed (plain and TLS) and a misbehaving one;
+//! - `sink`: the verifying sink, a fault proxy in front of it, a counting sink;
+//! - `proxy`, `dynamo_proxy`: TCP and DynamoDB fault proxies;
+//! - `fleet`: `tether worker` processes;
+//! - `bed`: the one test bed; `fixtures`: specs written once;
+//! - `chaos`: the seeded chaos runner;
+//! - `capacity`: a capacity model of DynamoDB partitions (a metering proxy).
+
+pub mod bed;
+pub mod capacity;
+pub mod chaos;
+pub mod dynamo_proxy;
+pub mod fixtures;
+pub mod fleet;
+pub mod proxy;
+pub mod sink;
+pub mod store;
+pub mod upstream;

@@ -1,0 +1,182 @@
+//! Sinks for tests: the product's verifying sink, a fault proxy in front of it
+//! (outages, slow answers, a plain 409), and a sink that only counts.
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+pub use tether::demo::sink::{StreamLog, VerifyingSink};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// What the sink proxy does to each request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SinkFault {
+    Pass,
+    /// Answer HTTP 503 without forwarding (an outage).
+    Unavailable,
+    /// Forward after this long (a slow sink).
+    Slow(Duration),
+    /// Answer a plain HTTP 409, without the fenced signal (a sink that
+    /// reports duplicates that way).
+    PlainConflict,
+}
+
+struct ProxyState {
+    target: String,
+    client: reqwest::Client,
+    fault: watch::Receiver<SinkFault>,
+    refused: AtomicU64,
+}
+
+/// An HTTP proxy in front of a sink that injects faults.
+pub struct SinkProxy {
+    pub addr: SocketAddr,
+    fault: watch::Sender<SinkFault>,
+    state: Arc<ProxyState>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for SinkProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SinkProxy {
+    pub async fn start(listen: SocketAddr, target: String) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let (fault, rx) = watch::channel(SinkFault::Pass);
+        let state = Arc::new(ProxyState {
+            target,
+            client: reqwest::Client::new(),
+            fault: rx,
+            refused: AtomicU64::new(0),
+        });
+        let app = Router::new().fallback(forward).with_state(state.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self {
+            addr,
+            fault,
+            state,
+            task,
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    pub fn set(&self, fault: SinkFault) {
+        self.fault.send_replace(fault);
+    }
+
+    /// Requests answered with an injected failure so far.
+    pub fn refused(&self) -> u64 {
+        self.state.refused.load(Ordering::SeqCst)
+    }
+}
+
+async fn forward(
+    State(state): State<Arc<ProxyState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let fault = *state.fault.borrow();
+    match fault {
+        SinkFault::Unavailable => {
+            state.refused.fetch_add(1, Ordering::SeqCst);
+            return StatusCode::SERVICE_UNAVAILABLE.into_response();
+        }
+        SinkFault::PlainConflict => {
+            state.refused.fetch_add(1, Ordering::SeqCst);
+            return StatusCode::CONFLICT.into_response();
+        }
+        SinkFault::Slow(d) => tokio::time::sleep(d).await,
+        SinkFault::Pass => {}
+    }
+    let mut request = state.client.post(&state.target).body(body);
+    if let Some(ct) = headers.get("content-type") {
+        request = request.header("content-type", ct);
+    }
+    match request.send().await {
+        Ok(resp) => {
+            let status = resp.status();
+            let mut out = HeaderMap::new();
+            for (name, value) in resp.headers() {
+                if name != "content-length" && name != "transfer-encoding" {
+                    out.insert(name.clone(), value.clone());
+                }
+            }
+            (status, out, resp.bytes().await.unwrap_or_default()).into_response()
+        }
+        Err(_) => StatusCode::BAD_GATEWAY.into_response(),
+    }
+}
+
+/// A sink that acknowledges everything and only counts messages (for
+/// throughput runs, where recording each one would be the bottleneck).
+pub struct CountingSink {
+    pub addr: SocketAddr,
+    messages: Arc<AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for CountingSink {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Counted {
+    messages: Vec<serde::de::IgnoredAny>,
+}
+
+impl CountingSink {
+    pub async fn start(listen: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let messages = Arc::new(AtomicU64::new(0));
+        let app = Router::new().fallback({
+            let messages = messages.clone();
+            move |body: Bytes| {
+                let messages = messages.clone();
+                async move {
+                    match serde_json::from_slice::<Counted>(&body) {
+                        Ok(c) => {
+                            messages.fetch_add(c.messages.len() as u64, Ordering::Relaxed);
+                            StatusCode::OK
+                        }
+                        Err(_) => StatusCode::BAD_REQUEST,
+                    }
+                }
+            }
+        });
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self {
+            addr,
+            messages,
+            task,
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    pub fn messages(&self) -> u64 {
+        self.messages.load(Ordering::Relaxed)
+    }
+}

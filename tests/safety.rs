@@ -1,0 +1,496 @@
+//! The safety properties in the paths a review found open, each end to end
+//! with real processes: one identity per process, every session and delivery
+//! bounded by the fence in every state, tokens that never go backwards, no
+//! stream left owned but unserved, one bad item never stopping the fleet,
+//! sequence 0, clock skew measured and refused, the sink's explicit fenced
+//! signal, and a tidy shutdown.
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use nix::sys::signal::Signal;
+use std::collections::HashSet;
+use std::time::Duration;
+use tether::lease::{DeleteOutcome, Ownership};
+use tether_testkit::bed::{Bed, BedOptions, loopback};
+use tether_testkit::dynamo_proxy::{DynamoFault, DynamoFaultProxy};
+use tether_testkit::fleet::metric_value;
+use tether_testkit::sink::SinkFault;
+use tether_testkit::store::{endpoint, raw_client};
+
+const EXE: &str = env!("CARGO_BIN_EXE_tether");
+
+async fn bed() -> Bed {
+    Bed::start(EXE, BedOptions::default()).await.unwrap()
+}
+
+async fn eventually<F, Fut>(limit: Duration, what: &str, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    Bed::wait(limit, what, check).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_started_with_one_worker_id_never_serve_a_stream_twice() {
+    let bed = bed().await;
+    let names = bed.apply("s", 8).await.unwrap();
+    let a = bed.fleet.spawn("twin").unwrap();
+    let _b = bed.fleet.spawn("twin").unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "every stream is served once",
+        || bed.all_connected_once(&names),
+    )
+    .await;
+    // Two incarnations, each holding a share, each warned about the other.
+    let owners: HashSet<String> = bed
+        .views()
+        .await
+        .iter()
+        .filter_map(|v| v.live_owner())
+        .map(|o| o.owner.clone())
+        .collect();
+    assert_eq!(owners.len(), 2, "two distinct owners: {owners:?}");
+    eventually(
+        Duration::from_secs(10),
+        "the duplicate id is reported",
+        || async {
+            metric_value(
+                &a.metrics().await.unwrap_or_default(),
+                "tether_duplicate_worker_id",
+            ) == Some(1.0)
+        },
+    )
+    .await;
+    // One of them crashes: the other takes its streams, nothing overlaps.
+    a.signal(Signal::SIGKILL).unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the surviving twin serves every stream",
+        || async {
+            bed.all_connected_once(&names).await
+                && bed
+                    .views()
+                    .await
+                    .iter()
+                    .filter_map(|v| v.live_owner())
+                    .map(|o| o.owner.clone())
+                    .collect::<HashSet<_>>()
+                    .len()
+                    == 1
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    bed.assert_safe(&names, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_in_a_dynamodb_brownout_with_a_slow_sink_ends_every_session_by_the_fence() {
+    let mut bed = bed().await;
+    // A drain longer than the lease: draining must not outlive the fence.
+    bed.fleet.workers.drain_timeout = Duration::from_secs(20);
+    let names = bed.apply("s", 6).await.unwrap();
+    let proxy = DynamoFaultProxy::start(loopback(), &endpoint().0)
+        .await
+        .unwrap();
+    let mut victim = bed
+        .fleet
+        .spawn_with("victim", &proxy.endpoint(), &["--no-rebalance"])
+        .unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the victim owns every stream",
+        || async {
+            bed.all_connected_once(&names).await && bed.owned_by("victim").await == names.len()
+        },
+    )
+    .await;
+    let _peer = bed.fleet.spawn("peer").unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Every POST now takes 4 s, and the victim cannot reach DynamoDB.
+    bed.sink_proxy.set(SinkFault::Slow(Duration::from_secs(4)));
+    proxy.set(DynamoFault::Blackhole);
+    victim.signal(Signal::SIGTERM).unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "the peer serves every stream",
+        || async {
+            bed.all_connected_once(&names).await && bed.owned_by("peer").await == names.len()
+        },
+    )
+    .await;
+    bed.sink_proxy.set(SinkFault::Pass);
+    proxy.set(DynamoFault::Pass);
+    let _ = victim.wait(Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    bed.assert_safe(&names, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_deleted_and_recreated_keeps_its_tokens_growing_for_a_fencing_sink() {
+    let bed = bed().await;
+    bed.sink.set_reject_stale(true);
+    let names = bed.apply("s", 1).await.unwrap();
+    let name = &names[0];
+    let _w = bed.fleet.spawn("w").unwrap();
+    eventually(Duration::from_secs(20), "delivering", || async {
+        bed.log(name).max_seq() > Some(20)
+    })
+    .await;
+    let token_before = bed.log(name).max_token;
+    for round in 0..2 {
+        assert_eq!(
+            bed.store
+                .delete_stream(&bed.key(name), Duration::from_secs(20))
+                .await
+                .unwrap(),
+            DeleteOutcome::Deleted
+        );
+        assert!(
+            !bed.upstream.open_sessions().contains_key(name.as_str()),
+            "closed before deletion"
+        );
+        bed.apply_spec(name, &bed.spec(name), 10 + round)
+            .await
+            .unwrap();
+        let requests = bed.sink.requests();
+        eventually(
+            Duration::from_secs(20),
+            "the re-created stream delivers again",
+            || async {
+                bed.sink.requests() > requests + 5 && bed.log(name).max_token > token_before
+            },
+        )
+        .await;
+    }
+    assert_eq!(
+        bed.sink.stale_messages(),
+        0,
+        "a re-created stream is never refused as stale"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_answer_was_lost_is_served_within_a_pass_not_a_lease() {
+    let mut bed = bed().await;
+    // A lease long enough that waiting for it would be obvious.
+    bed.fleet.workers.lease_duration = Duration::from_secs(30);
+    bed.fleet.workers.heartbeat_interval = Duration::from_secs(5);
+    let proxy = DynamoFaultProxy::start(loopback(), &endpoint().0)
+        .await
+        .unwrap();
+    let w = bed.fleet.spawn_via("w", &proxy.endpoint()).unwrap();
+    eventually(Duration::from_secs(10), "the worker is ready", || async {
+        w.get("/readyz").await.map(|(s, _)| s) == Ok(200)
+    })
+    .await;
+    // Every answer is lost for a while: the acquire lands, the worker cannot know.
+    proxy.set(DynamoFault::LoseWriteAnswers);
+    let names = bed.apply("s", 1).await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the acquire landed unseen",
+        || async {
+            bed.store
+                .get(&bed.key(&names[0]))
+                .await
+                .unwrap()
+                .is_some_and(|r| matches!(r.ownership(), Ownership::Owned(_)))
+        },
+    )
+    .await;
+    // Longer than the store call's deadline (4 s): the acquire gives up unanswered.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    proxy.set(DynamoFault::Pass);
+    let healed = tokio::time::Instant::now();
+    eventually(Duration::from_secs(10), "the stream is served", || async {
+        bed.connected_once(&names)
+    })
+    .await;
+    assert!(
+        healed.elapsed() < Duration::from_secs(5),
+        "owned but unserved for {:?}",
+        healed.elapsed()
+    );
+    bed.assert_safe(&names, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_item_is_skipped_and_reported_while_the_fleet_serves_the_rest() {
+    let bed = bed().await;
+    let names = bed.apply("s", 4).await.unwrap();
+    let client = raw_client().await;
+    for shard in 0..tether::lease::HOLDER_SHARDS {
+        let mut item = std::collections::HashMap::new();
+        item.insert(
+            "Pk".to_string(),
+            AttributeValue::S(format!("CONN#hand/edited/{shard}")),
+        );
+        item.insert(
+            "desired_state".to_string(),
+            AttributeValue::S("STARTED".into()),
+        );
+        item.insert(
+            "holder".to_string(),
+            AttributeValue::S(format!("UNOWNED#{shard}")),
+        );
+        item.insert(
+            "lease_counter".to_string(),
+            AttributeValue::S("seven".into()),
+        );
+        client
+            .put_item()
+            .table_name(bed.store.table())
+            .set_item(Some(item))
+            .send()
+            .await
+            .unwrap();
+    }
+    let w = bed.fleet.spawn("w").unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the good streams are served",
+        || bed.all_connected_once(&names),
+    )
+    .await;
+    eventually(Duration::from_secs(10), "data flows", || async {
+        names.iter().all(|n| bed.log(n).max_seq() > Some(5))
+    })
+    .await;
+    let metrics = w.metrics().await.unwrap();
+    assert!(
+        metric_value(&metrics, "tether_malformed_items_total").unwrap_or(0.0) >= 1.0,
+        "{metrics}"
+    );
+    assert!(w.log().contains("skipping a malformed item"));
+    bed.assert_safe(&names, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_based_feed_delivers_sequence_zero() {
+    let bed = Bed::start(
+        EXE,
+        BedOptions {
+            first_seq: 0,
+            ..BedOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let names = bed.apply("z", 3).await.unwrap();
+    let _w = bed.fleet.spawn("w").unwrap();
+    eventually(Duration::from_secs(20), "delivering", || async {
+        names.iter().all(|n| bed.log(n).max_seq() > Some(10))
+    })
+    .await;
+    for n in &names {
+        assert!(
+            bed.log(n).seqs.contains_key(&0),
+            "{n}: sequence 0 was not delivered"
+        );
+        let first = bed.upstream.sessions_of(n);
+        assert_eq!(
+            first[0].after, None,
+            "{n}: the first connect says there is no checkpoint"
+        );
+    }
+    bed.assert_safe(&names, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_clock_is_off_refuses_to_acquire_and_says_so() {
+    let bed = bed().await;
+    let proxy = DynamoFaultProxy::start(loopback(), &endpoint().0)
+        .await
+        .unwrap();
+    // The store's clock 30 s ahead: this worker's is 30 s behind.
+    proxy.shift_date(30);
+    let skewed = bed.fleet.spawn_via("skewed", &proxy.endpoint()).unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the skewed worker says why it is not ready",
+        || async {
+            skewed
+                .get("/readyz")
+                .await
+                .is_ok_and(|(s, body)| s == 503 && body.contains("clock"))
+        },
+    )
+    .await;
+    let names = bed.apply("s", 4).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        bed.owned_by("skewed").await,
+        0,
+        "a skewed worker acquired streams"
+    );
+    let metrics = skewed.metrics().await.unwrap();
+    assert_eq!(
+        metric_value(&metrics, "tether_clock_skew_exceeded"),
+        Some(1.0)
+    );
+    let healthy = bed.fleet.spawn("healthy").unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the healthy worker serves everything",
+        || bed.all_connected_once(&names),
+    )
+    .await;
+    // Fixed clock: ready again, and it takes its share.
+    proxy.shift_date(0);
+    eventually(
+        Duration::from_secs(30),
+        "the fixed worker takes its share",
+        || async { bed.owned_by("skewed").await > 0 && bed.all_connected_once(&names).await },
+    )
+    .await;
+    drop(healthy);
+    bed.assert_safe(&names, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_409_is_a_delivery_error_not_a_fenced_signal() {
+    let bed = bed().await;
+    let names = bed.apply("s", 2).await.unwrap();
+    let w = bed.fleet.spawn("w").unwrap();
+    eventually(Duration::from_secs(20), "delivering", || async {
+        names.iter().all(|n| bed.log(n).max_seq() > Some(5))
+    })
+    .await;
+    let owners_before: Vec<_> = bed
+        .views()
+        .await
+        .iter()
+        .map(|v| (v.record.key.clone(), v.record.lease_counter))
+        .collect();
+    bed.sink_proxy.set(SinkFault::PlainConflict);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    bed.sink_proxy.set(SinkFault::Pass);
+    let frozen = bed.max_seqs(&names);
+    eventually(Duration::from_secs(10), "delivery resumes", || async {
+        names
+            .iter()
+            .all(|n| bed.log(n).max_seq() > frozen[n].map(|s| s + 10))
+    })
+    .await;
+    // The same leases all along: a 409 without the fenced header is retried.
+    let owners_after: Vec<_> = bed
+        .views()
+        .await
+        .iter()
+        .map(|v| (v.record.key.clone(), v.record.lease_counter))
+        .collect();
+    assert_eq!(
+        owners_before, owners_after,
+        "a plain 409 made the owner give the stream up"
+    );
+    let metrics = w.metrics().await.unwrap();
+    assert!(!metrics.contains("result=\"fenced\""), "{metrics}");
+    bed.assert_safe(&names, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_with_a_slow_sink_still_releases_every_stream_with_its_checkpoint() {
+    let mut bed = bed().await;
+    // A long lease: a skipped release would leave the streams a lease without owner.
+    bed.fleet.workers.lease_duration = Duration::from_secs(30);
+    bed.fleet.workers.heartbeat_interval = Duration::from_secs(3);
+    bed.fleet.workers.drain_timeout = Duration::from_secs(6);
+    let names = bed.apply("s", 6).await.unwrap();
+    let mut victim = bed
+        .fleet
+        .spawn_with("victim", bed.fleet.endpoint(), &["--no-rebalance"])
+        .unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the victim owns every stream",
+        || async {
+            bed.all_connected_once(&names).await && bed.owned_by("victim").await == names.len()
+        },
+    )
+    .await;
+    let _peer = bed.fleet.spawn("peer").unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Every POST takes longer than the whole drain.
+    bed.sink_proxy.set(SinkFault::Slow(Duration::from_secs(10)));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = tokio::time::Instant::now();
+    victim.signal(Signal::SIGTERM).unwrap();
+    eventually(
+        Duration::from_secs(2),
+        "SIGTERM is acted on within a second (not ready)",
+        || async { victim.get("/readyz").await.map(|(s, _)| s) != Ok(200) },
+    )
+    .await;
+    let status = victim.wait(Duration::from_secs(15)).await.unwrap();
+    assert!(status.success(), "{status:?}\n{}", victim.log());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "drain took {:?}",
+        started.elapsed()
+    );
+    for v in bed.views().await {
+        assert_ne!(
+            v.live_owner().map(|o| o.worker_id.as_str()),
+            Some("victim"),
+            "{} not released",
+            v.record.key
+        );
+    }
+    bed.sink_proxy.set(SinkFault::Pass);
+    eventually(
+        Duration::from_secs(10),
+        "the peer serves every stream well before a lease",
+        || bed.all_connected_once(&names),
+    )
+    .await;
+    assert!(started.elapsed() < Duration::from_secs(20));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    bed.assert_safe(&names, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_is_acted_on_within_a_second_in_the_middle_of_a_long_acquisition_pass() {
+    let bed = bed().await;
+    let proxy = DynamoFaultProxy::start(loopback(), &endpoint().0)
+        .await
+        .unwrap();
+    let mut w = bed.fleet.spawn_via("w", &proxy.endpoint()).unwrap();
+    eventually(Duration::from_secs(10), "ready", || async {
+        w.get("/readyz").await.map(|(s, _)| s) == Ok(200)
+    })
+    .await;
+    // Many orphans behind a slow store: one pass takes many seconds.
+    let names = bed.apply("many", 60).await.unwrap();
+    proxy.set(DynamoFault::Slow(Duration::from_millis(400)));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let started = tokio::time::Instant::now();
+    w.signal(Signal::SIGTERM).unwrap();
+    eventually(
+        Duration::from_secs(2),
+        "not ready within a second of SIGTERM",
+        || async { w.get("/readyz").await.map(|(s, _)| s) != Ok(200) },
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "took {:?}",
+        started.elapsed()
+    );
+    proxy.set(DynamoFault::Pass);
+    assert!(
+        w.wait(Duration::from_secs(20)).await.unwrap().success(),
+        "{}",
+        w.log()
+    );
+    // Whatever it had acquired (even mid-pass) it released.
+    for v in bed.views().await {
+        assert!(
+            v.live_owner().is_none(),
+            "{} still owned after a clean exit",
+            v.record.key
+        );
+    }
+    assert_eq!(bed.owners().await.len(), 0, "{} streams", names.len());
+}

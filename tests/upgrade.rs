@@ -1,0 +1,371 @@
+//! Upgrading from tether 0.1 (per-stream leases) in place: the table gets its
+//! new index while 0.1 workers run, old and new workers share one table
+//! during a rolling upgrade without ever both owning a stream, and the old
+//! index is dropped at the end. The 0.1 binary is built from this
+//! repository's history (`scripts/legacy-binary`).
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use nix::sys::signal::Signal;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+use tether::lease::{
+    AcquireFrom, AcquireOutcome, Incarnation, LeaseStore, Ownership, StoreError, StreamKey,
+    TableChange,
+};
+use tether::metrics::StoreMetrics;
+use tether_testkit::bed::{Bed, loopback, names};
+use tether_testkit::fixtures::http_spec;
+use tether_testkit::fleet::FleetConfig;
+use tether_testkit::sink::VerifyingSink;
+use tether_testkit::store::{endpoint, raw_client, store_config, unique_table};
+use tether_testkit::upstream::start as start_upstream;
+
+const EXE: &str = env!("CARGO_BIN_EXE_tether");
+
+/// The 0.1 binary: `$TETHER_LEGACY_BIN`, else built (once) by the script.
+fn legacy_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("TETHER_LEGACY_BIN") {
+        return path.into();
+    }
+    let out = std::process::Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/legacy-binary"
+    ))
+    .stderr(Stdio::inherit())
+    .output()
+    .expect("scripts/legacy-binary runs");
+    assert!(out.status.success(), "building tether 0.1 failed");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn cli(exe: &std::path::Path, table: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(exe)
+        .args(["--table", table])
+        .args(args)
+        .env("AWS_ENDPOINT_URL_DYNAMODB", endpoint().0)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "x")
+        .env("AWS_SECRET_ACCESS_KEY", "x")
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_upgrade_from_0_1_never_serves_a_stream_twice_and_loses_nothing() {
+    tether::install_crypto_provider();
+    let legacy = legacy_binary();
+    let table = unique_table("rolling");
+    let upstream = start_upstream(loopback(), 20).await.unwrap();
+    let sink = VerifyingSink::start(loopback()).await.unwrap();
+    let logs = std::env::temp_dir().join(format!("tether-upgrade-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&logs).unwrap();
+
+    // A 0.1 deployment: its table, its streams, two 0.1 workers.
+    let created = cli(&legacy, &table, &["table", "create"]);
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let names = names("up", 12);
+    let manifests: Vec<String> = names
+        .iter()
+        .map(|n| {
+            let spec = serde_json::to_value(http_spec(&upstream.url(n), &sink.url())).unwrap();
+            serde_json::to_string(&serde_json::json!({
+                "apiVersion": "tether.dev/v1alpha1", "kind": "StreamConnection",
+                "metadata": {"name": n, "namespace": "up"}, "spec": spec,
+            }))
+            .unwrap()
+        })
+        .collect();
+    let manifest = logs.join("streams.yaml");
+    std::fs::write(&manifest, manifests.join("\n---\n")).unwrap();
+    let applied = cli(
+        &legacy,
+        &table,
+        &["apply", "-f", manifest.to_str().unwrap()],
+    );
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let mut v1 = FleetConfig::fast(&legacy, endpoint().0, &table, &logs);
+    v1.workers.lease_duration = Duration::from_secs(4);
+    v1.workers.heartbeat_interval = Duration::from_secs(1);
+    v1.extra_args = vec!["--max-clock-skew".into(), "500ms".into()];
+    let mut old: Vec<_> = ["old-a", "old-b"]
+        .iter()
+        .map(|id| v1.spawn(id).unwrap())
+        .collect();
+    let connected_once = || {
+        let open = upstream.open_sessions();
+        names.iter().all(|n| open.get(n) == Some(&1))
+    };
+    Bed::wait(
+        Duration::from_secs(30),
+        "0.1 serves every stream",
+        || async { connected_once() },
+    )
+    .await
+    .unwrap();
+
+    // Upgrade the table in place while 0.1 runs.
+    let upgraded = cli(std::path::Path::new(EXE), &table, &["table", "create"]);
+    let said = String::from_utf8_lossy(&upgraded.stdout);
+    assert!(
+        upgraded.status.success() && said.contains("upgraded in place"),
+        "{said}{}",
+        String::from_utf8_lossy(&upgraded.stderr)
+    );
+
+    // Roll: a new worker starts, then an old one stops, twice.
+    let v2 = FleetConfig::fast(EXE, endpoint().0, &table, &logs);
+    let mut new = Vec::new();
+    for (i, mut stopping) in old.drain(..).enumerate() {
+        new.push(v2.spawn(&format!("new-{i}")).unwrap());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        stopping.signal(Signal::SIGTERM).unwrap();
+        assert!(
+            stopping
+                .wait(Duration::from_secs(15))
+                .await
+                .unwrap()
+                .success()
+        );
+        Bed::wait(
+            Duration::from_secs(30),
+            "every stream is served once again",
+            || async { connected_once() },
+        )
+        .await
+        .unwrap();
+    }
+    // Everything is on the new protocol now.
+    let store = LeaseStore::connect(store_config(&table), Arc::new(StoreMetrics::new()))
+        .await
+        .unwrap();
+    Bed::wait(
+        Duration::from_secs(30),
+        "the new workers own every stream",
+        || async {
+            let (views, _) = store.view_all().await.unwrap();
+            views.len() == names.len()
+                && views.iter().all(|v| {
+                    matches!(v.record.ownership(), Ownership::Owned(_)) && v.live_owner().is_some()
+                })
+        },
+    )
+    .await
+    .unwrap();
+    let finished = cli(
+        std::path::Path::new(EXE),
+        &table,
+        &["table", "finish-upgrade"],
+    );
+    assert!(
+        finished.status.success(),
+        "{}",
+        String::from_utf8_lossy(&finished.stderr)
+    );
+    assert!(!store.check_table().await.unwrap().legacy_index);
+    // And it keeps running on the upgraded table.
+    let before: Vec<_> = names
+        .iter()
+        .map(|n| sink.log(&format!("up/{n}")).max_seq())
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (n, b) in names.iter().zip(before) {
+        assert!(
+            sink.log(&format!("up/{n}")).max_seq() > b,
+            "{n} stalled after the upgrade"
+        );
+    }
+    let overlaps = upstream.overlaps();
+    assert!(
+        overlaps.is_empty(),
+        "two owners served one stream during the upgrade: {overlaps:#?}"
+    );
+    for n in &names {
+        let log = sink.log(&format!("up/{n}"));
+        assert_eq!(log.gaps(1), Vec::<u64>::new(), "{n}: gaps");
+        assert_eq!(log.stale_messages, 0, "{n}: stale deliveries");
+    }
+    drop(new);
+    let _ = std::fs::remove_dir_all(&logs);
+}
+
+#[tokio::test]
+async fn a_version_1_table_is_upgraded_in_place_and_its_leases_are_honoured() {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
+        Projection, ProjectionType, ScalarAttributeType,
+    };
+    tether::install_crypto_provider();
+    let table = unique_table("v1");
+    let client = raw_client().await;
+    let key = |name: &str, kind| {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(kind)
+            .build()
+            .unwrap()
+    };
+    let def = |name: &str, t| {
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(t)
+            .build()
+            .unwrap()
+    };
+    client
+        .create_table()
+        .table_name(&table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(def("Pk", ScalarAttributeType::S))
+        .attribute_definitions(def("desired_state", ScalarAttributeType::S))
+        .attribute_definitions(def("lease_expires_at_ms", ScalarAttributeType::N))
+        .key_schema(key("Pk", KeyType::Hash))
+        .global_secondary_indexes(
+            GlobalSecondaryIndex::builder()
+                .index_name("by_state")
+                .key_schema(key("desired_state", KeyType::Hash))
+                .key_schema(key("lease_expires_at_ms", KeyType::Range))
+                .projection(
+                    Projection::builder()
+                        .projection_type(ProjectionType::All)
+                        .build(),
+                )
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let store = LeaseStore::connect(store_config(&table), Arc::new(StoreMetrics::new()))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            store.check_table().await,
+            Err(StoreError::NeedsUpgrade { .. })
+        ),
+        "refused until upgraded"
+    );
+    // A version-1 worker holds one stream; another lease has lapsed.
+    let now = tether::lease::now_ms();
+    for (name, owner, expires) in [
+        ("held", "old-worker", now + 600_000),
+        ("lapsed", "old-worker", now - 1_000),
+    ] {
+        let mut item = std::collections::HashMap::new();
+        item.insert(
+            "Pk".to_string(),
+            AttributeValue::S(format!("CONN#v1/{name}")),
+        );
+        item.insert(
+            "desired_state".to_string(),
+            AttributeValue::S("STARTED".into()),
+        );
+        item.insert(
+            "ws_url".to_string(),
+            AttributeValue::S("ws://127.0.0.1:1/x".into()),
+        );
+        item.insert("lease_owner".to_string(), AttributeValue::S(owner.into()));
+        item.insert(
+            "lease_expires_at_ms".to_string(),
+            AttributeValue::N(expires.to_string()),
+        );
+        item.insert("lease_counter".to_string(), AttributeValue::N("4".into()));
+        item.insert("last_seq".to_string(), AttributeValue::N("40".into()));
+        item.insert("generation".to_string(), AttributeValue::N("1".into()));
+        client
+            .put_item()
+            .table_name(&table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .unwrap();
+    }
+    assert_eq!(store.create_table().await.unwrap(), TableChange::Upgraded);
+    let layout = store.check_table().await.unwrap();
+    assert!(
+        layout.legacy_index,
+        "by_state is kept for version-1 workers"
+    );
+    let orphans = store.legacy_orphans(now).await.unwrap();
+    let names: Vec<_> = orphans
+        .records
+        .iter()
+        .map(|r| r.key.name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["lapsed"],
+        "a live version-1 lease is not an orphan"
+    );
+    let lapsed = &orphans.records[0];
+    let me = Incarnation::new("new");
+    store.register(&me, None).await.unwrap();
+    let Ownership::Legacy {
+        owner,
+        expires_at_ms,
+    } = lapsed.ownership()
+    else {
+        panic!()
+    };
+    match store
+        .acquire(
+            lapsed,
+            &AcquireFrom::LegacyExpired {
+                owner,
+                expires_at_ms,
+            },
+            &me,
+        )
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Acquired { lease, record } => {
+            assert_eq!(lease.counter, 5);
+            assert_eq!(record.last_seq, Some(40));
+            assert_eq!(
+                record.lease_expires_at_ms,
+                tether::lease::OWNED_EXPIRY_MS,
+                "never expires for version 1"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let held = store
+        .get(&StreamKey::new("v1", "held"))
+        .await
+        .unwrap()
+        .unwrap();
+    let Ownership::Legacy {
+        owner,
+        expires_at_ms,
+    } = held.ownership()
+    else {
+        panic!()
+    };
+    assert!(matches!(
+        store
+            .acquire(
+                &held,
+                &AcquireFrom::LegacyExpired {
+                    owner,
+                    expires_at_ms: expires_at_ms - 1
+                },
+                &me
+            )
+            .await
+            .unwrap(),
+        AcquireOutcome::Taken { .. }
+    ));
+    assert_eq!(store.finish_upgrade().await.unwrap(), 0);
+    assert!(!store.check_table().await.unwrap().legacy_index);
+}
