@@ -16,6 +16,7 @@ async fn seeded_chaos_keeps_every_safety_property() {
             rate: 20,
             first_seq: 0,
             namespace: "chaos".into(),
+            ..BedOptions::default()
         },
     )
     .await

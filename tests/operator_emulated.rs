@@ -1,14 +1,13 @@
 //! The real `tether operator` binary against a Kubernetes API emulator (kmock,
-//! extended in tests/support/k8s_emulator.py), the embedded DynamoDB-compatible
-//! store and the test upstream: watch-driven behaviour end to end.
+//! extended in testkit/k8s_emulator.py), the embedded DynamoDB-compatible
+//! store and the feed: watch-driven behaviour end to end.
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 use tether::lease::StreamKey;
-use tether_testkit::fleet::free_port;
+use tether_testkit::k8s::{self, Emulator};
 use tether_testkit::store::{endpoint, fresh_store};
 use tether_testkit::upstream::start as start_upstream;
 
@@ -36,80 +35,23 @@ async fn eventually_or<F, Fut>(
 
 const PATH: &str = "/apis/tether.dev/v1alpha1/namespaces/feeds/streamconnections";
 
-struct Emulator {
-    url: String,
-    child: Child,
-}
-
-impl Drop for Emulator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_emulator() -> Emulator {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/k8s_emulator.py");
-    let mut child = Command::new("python3")
-        .arg(script)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("python3 runs");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(
-        line.starts_with("http://"),
-        "the Kubernetes API emulator did not start (it needs `pip install kmock==0.8`, which scripts/test does): {line:?}"
-    );
-    Emulator {
-        url: line.trim().to_string(),
-        child,
-    }
-}
-
-fn kubeconfig(dir: &std::path::Path, server: &str) -> std::path::PathBuf {
-    let path = dir.join("kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: emu\n  cluster:\n    server: {server}\n\
-             users:\n- name: emu\n  user:\n    token: test\ncontexts:\n- name: emu\n  context:\n    cluster: emu\n    user: emu\n    namespace: feeds\n\
-             current-context: emu\n"
-        ),
-    )
-    .unwrap();
-    path
-}
-
 /// `tether operator` with the fast test timings, pointed at the emulator and
 /// the embedded store.
 fn operator_command(
     store: &tether::lease::LeaseStore,
     id: &str,
     dir: &std::path::Path,
-    api_server: &str,
+    emulator: &Emulator,
 ) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tether"));
-    cmd.args(["--table", store.table(), "operator", "--worker-id", id])
-        .args([
-            "--lease-duration",
-            "3s",
-            "--heartbeat-interval",
-            "750ms",
-            "--reconcile-interval",
-            "200ms",
-        ])
-        .args(["--fence-margin", "500ms", "--status-refresh", "500ms"])
-        .args(["--metrics-addr", &free_port().unwrap().to_string()])
-        .env("KUBECONFIG", kubeconfig(dir, api_server))
-        .env("AWS_ENDPOINT_URL_DYNAMODB", endpoint().0)
-        .env("AWS_REGION", "us-east-1")
-        .env("AWS_ACCESS_KEY_ID", "x")
-        .env("AWS_SECRET_ACCESS_KEY", "x");
-    cmd
+    let kubeconfig = emulator.kubeconfig(dir, "feeds");
+    k8s::operator_command(
+        std::path::Path::new(env!("CARGO_BIN_EXE_tether")),
+        store.table(),
+        id,
+        &kubeconfig,
+        Duration::from_secs(3),
+        Duration::from_millis(750),
+    )
 }
 
 async fn get(http: &reqwest::Client, url: &str) -> Option<Value> {
@@ -122,14 +64,14 @@ async fn get(http: &reqwest::Client, url: &str) -> Option<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
-    let emulator = start_emulator();
+    let emulator = Emulator::start();
     let store = fresh_store(None).await;
     let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let log = std::fs::File::create(dir.path().join("operator.log")).unwrap();
-    let mut operator = operator_command(&store, "op-1", dir.path(), &emulator.url)
+    let mut operator = operator_command(&store, "op-1", dir.path(), &emulator)
         .stdout(Stdio::null())
         .stderr(Stdio::from(log))
         .kill_on_drop(true)
@@ -275,11 +217,11 @@ async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
 #[tokio::test]
 async fn the_operator_exits_with_a_clear_error_when_the_crd_is_missing() {
     // A plain kmock emulator that knows no StreamConnection resource.
-    let emulator = start_emulator_without_crd();
+    let emulator = Emulator::start_without_crd();
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_tether"))
         .args(["operator", "--metrics-addr", "127.0.0.1:0"])
-        .env("KUBECONFIG", kubeconfig(dir.path(), &emulator.url))
+        .env("KUBECONFIG", emulator.kubeconfig(dir.path(), "feeds"))
         .env("AWS_ENDPOINT_URL_DYNAMODB", endpoint().0)
         .env("AWS_REGION", "us-east-1")
         .output()
@@ -289,36 +231,16 @@ async fn the_operator_exits_with_a_clear_error_when_the_crd_is_missing() {
     assert!(stderr.contains("is the CRD installed?"), "{stderr}");
 }
 
-fn start_emulator_without_crd() -> Emulator {
-    let mut child = Command::new("python3")
-        .args([
-            "-c",
-            "import asyncio\nfrom kmock._internal import apps, k8s\nasync def main():\n    e = k8s.KubernetesEmulator()\n    async with e, apps.Server(e) as s:\n        print(f'http://{s.host}:{s.port}', flush=True)\n        await asyncio.Event().wait()\nasyncio.run(main())\n",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.starts_with("http://"), "kmock did not start: {line:?}");
-    Emulator {
-        url: line.trim().to_string(),
-        child,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_secrets_are_read_at_connect_time_and_never_stored_or_logged() {
-    let emulator = start_emulator();
+    let emulator = Emulator::start();
     let store = fresh_store(None).await;
     let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let log_path = dir.path().join("operator.log");
-    let mut operator = operator_command(&store, "op-s", dir.path(), &emulator.url)
+    let mut operator = operator_command(&store, "op-s", dir.path(), &emulator)
         .env(
             "RUST_LOG",
             "debug,aws_config=error,aws_smithy_runtime=info,hyper=info,kube=info",
@@ -419,4 +341,118 @@ async fn header_secrets_are_read_at_connect_time_and_never_stored_or_logged() {
         "secret value in the logs"
     );
     let _ = operator.start_kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_container_takes_its_streams_back_at_once_not_after_a_lease() {
+    let emulator = Emulator::start();
+    let store = fresh_store(None).await;
+    let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let pods = format!("{}/api/v1/namespaces/feeds/pods", emulator.url);
+    let created = http
+        .post(&pods)
+        .json(&k8s::pod("tether-0", "feeds", 0))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        created.status().is_success(),
+        "{}",
+        created.text().await.unwrap()
+    );
+    let names: Vec<String> = (0..4).map(|i| format!("r{i}")).collect();
+    for n in &names {
+        let spec = tether_testkit::fixtures::log_spec(&upstream.url(n));
+        store
+            .upsert_desired(&spec.to_desired(StreamKey::new("feeds", n.as_str()), 1, None))
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = emulator.kubeconfig(dir.path(), "feeds");
+    // A lease long enough that waiting for it would be obvious.
+    let lease = Duration::from_secs(20);
+    let start = |log: &str| {
+        k8s::operator_command(
+            std::path::Path::new(env!("CARGO_BIN_EXE_tether")),
+            store.table(),
+            "tether-0",
+            &kubeconfig,
+            lease,
+            Duration::from_secs(5),
+        )
+        .env("POD_NAME", "tether-0")
+        .env("POD_NAMESPACE", "feeds")
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(
+            std::fs::File::create(dir.path().join(log)).unwrap(),
+        ))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+    };
+    let diagnostics = || {
+        let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap_or_default();
+        format!(
+            "first:\n{}\nsecond:\n{}",
+            read("first.log"),
+            read("second.log")
+        )
+    };
+    let mut first = start("first.log");
+    let served = || {
+        let open = upstream.open_sessions();
+        names.iter().all(|n| open.get(n) == Some(&1))
+    };
+    eventually_or(
+        Duration::from_secs(30),
+        "the first container serves every stream",
+        || async { served() },
+        diagnostics,
+    )
+    .await;
+    first.start_kill().unwrap();
+    let _ = first.wait().await;
+    // The kubelet restarts the container and records it.
+    let restarted = http
+        .patch(format!("{pods}/tether-0/status"))
+        .header("content-type", "application/merge-patch+json")
+        .body(json!({"status": k8s::pod("tether-0", "feeds", 1)["status"]}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        restarted.status().is_success(),
+        "{}",
+        restarted.text().await.unwrap()
+    );
+    let t0 = tokio::time::Instant::now();
+    let _second = start("second.log");
+    eventually_or(
+        Duration::from_secs(30),
+        "the restarted container serves every stream again",
+        || async {
+            let open = upstream.open_sessions();
+            names.iter().all(|n| {
+                upstream.sessions_of(n).iter().any(|s| s.opened >= t0) && open.get(n) == Some(&1)
+            })
+        },
+        diagnostics,
+    )
+    .await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "reclaim took {:?} (lease {lease:?})\n{}",
+        t0.elapsed(),
+        diagnostics()
+    );
+    assert!(
+        diagnostics().contains("this container restarted"),
+        "{}",
+        diagnostics()
+    );
+    assert!(upstream.overlaps().is_empty());
 }

@@ -55,6 +55,8 @@ pub mod attr {
     pub const CHECKPOINTS: &str = "checkpoints";
     pub const CHECKPOINT_SHARDS: &str = "checkpoint_shards";
     pub const CHANGED_STREAMS: &str = "changed_streams";
+    /// Set when a worker starts draining (projected: peers stop counting it).
+    pub const DRAINING_AT_MS: &str = "draining_at_ms";
     /// DynamoDB TTL attribute (epoch seconds) of worker and checkpoint items.
     pub const EXPIRES_AT: &str = "expires_at";
 }
@@ -63,7 +65,7 @@ pub mod attr {
 /// needs to classify and compare-and-swap a candidate, and what the fleet
 /// query needs. None of them changes while an item stays in one partition, so
 /// the index is written only when ownership (or a worker's state) changes.
-pub const HOLDER_INDEX_ATTRIBUTES: [&str; 9] = [
+pub const HOLDER_INDEX_ATTRIBUTES: [&str; 10] = [
     attr::DESIRED_STATE,
     attr::LEASE_COUNTER,
     attr::LEASE_EXPIRES_AT_MS,
@@ -73,6 +75,7 @@ pub const HOLDER_INDEX_ATTRIBUTES: [&str; 9] = [
     attr::CREATED_AT_MS,
     attr::DELETED_AT_MS,
     attr::WORKER_STATE,
+    attr::DRAINING_AT_MS,
 ];
 
 pub fn s(v: impl Into<String>) -> AttributeValue {
@@ -264,6 +267,7 @@ pub fn fleet_entry(item: &Item) -> Result<FleetEntry, Malformed> {
         state,
         released_at_ms: r.soft_number(attr::RELEASED_AT_MS),
         started_at_ms: r.soft_number(attr::CREATED_AT_MS),
+        draining: r.soft_number(attr::DRAINING_AT_MS).is_some(),
     })
 }
 

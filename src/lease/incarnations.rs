@@ -440,6 +440,26 @@ impl LeaseStore {
         Ok(())
     }
 
+    /// Announces that this incarnation is draining: peers stop counting it in
+    /// the fair share before its streams arrive, so they take them at once.
+    pub async fn mark_draining(&self, me: &Incarnation) -> Result<(), StoreError> {
+        let pk = me.pk();
+        self.call("mark_draining", Some(&pk), || {
+            self.client
+                .update_item()
+                .table_name(&self.table)
+                .key(attr::PK, s(&pk))
+                .update_expression("SET draining_at_ms = :now")
+                .condition_expression("worker_state = :live")
+                .expression_attribute_values(":now", n(now_ms()))
+                .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
+                .send()
+        })
+        .await?
+        .ok();
+        Ok(())
+    }
+
     /// Marks this incarnation LEFT after a graceful shutdown released everything.
     pub async fn leave(&self, me: &Incarnation) -> Result<(), StoreError> {
         let pk = me.pk();

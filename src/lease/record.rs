@@ -227,6 +227,8 @@ pub struct FleetEntry {
     pub state: WorkerState,
     pub released_at_ms: Option<u64>,
     pub started_at_ms: Option<u64>,
+    /// Shutting down: releasing everything, taking nothing.
+    pub draining: bool,
 }
 
 /// A stream a worker holds: the fencing token is `counter`.

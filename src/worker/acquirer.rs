@@ -117,6 +117,8 @@ pub struct Acquirer {
     last_full_refresh: Option<Instant>,
     last_audit: Instant,
     last_handoff: Option<Instant>,
+    /// When this worker last acquired something.
+    last_acquired: Option<Instant>,
     pacing: Pacing,
     /// Items reported as malformed already (one log line each).
     reported: HashSet<String>,
@@ -151,6 +153,7 @@ impl Acquirer {
             last_full_refresh: None,
             last_audit: Instant::now(),
             last_handoff: None,
+            last_acquired: None,
             pacing: Pacing::default(),
             reported: HashSet::new(),
             legacy_index,
@@ -225,7 +228,7 @@ impl Acquirer {
         let mut changed = false;
         let mut seen = HashMap::new();
         for w in workers {
-            let now = (w.state, w.released_at_ms);
+            let now = (w.state, w.released_at_ms.max(w.draining.then_some(1)));
             if w.incarnation != self.me && self.markers.get(&w.incarnation) != Some(&now) {
                 changed = true;
             }
@@ -245,6 +248,11 @@ impl Acquirer {
             .iter()
             .filter(|w| w.state == WorkerState::Live)
             .map(|w| w.incarnation.clone())
+            .collect();
+        let draining: Vec<&Incarnation> = workers
+            .iter()
+            .filter(|w| w.draining)
+            .map(|w| &w.incarnation)
             .collect();
         self.observer.retain(|i| live.contains(i));
         let now = Instant::now();
@@ -267,7 +275,7 @@ impl Acquirer {
             self.view = FleetView {
                 peers: records
                     .iter()
-                    .filter(|r| r.state == WorkerState::Live)
+                    .filter(|r| r.state == WorkerState::Live && !draining.contains(&&r.incarnation))
                     .map(|r| Peer {
                         incarnation: r.incarnation.clone(),
                         held: r.held,
@@ -291,6 +299,9 @@ impl Acquirer {
                 );
             }
         } else {
+            self.view
+                .peers
+                .retain(|p| !draining.contains(&&p.incarnation));
             for p in &mut self.view.peers {
                 p.progressing = self.observer.progressing(&p.incarnation, now, silence);
             }
@@ -581,6 +592,7 @@ impl Acquirer {
                         _ => None,
                     };
                     tracing::info!(stream = %lease.key, token = lease.counter, from = ?c.orphan, "acquired");
+                    self.last_acquired = Some(Instant::now());
                     self.adopt(lease, *record, inherited);
                     "acquired"
                 }
@@ -641,8 +653,12 @@ impl Acquirer {
         if !self.ctx.settings.rebalance {
             return;
         }
+        // Peers publish their load once a heartbeat: right after streams moved
+        // (orphans around, or this worker just took some), the counts are stale
+        // and handing over would only move streams twice.
         let cooldown = self.ctx.settings.heartbeat_interval * HANDOFF_COOLDOWN_HEARTBEATS;
-        if self.last_handoff.is_some_and(|t| t.elapsed() < cooldown) {
+        let recent = |t: Option<Instant>| t.is_some_and(|t| t.elapsed() < cooldown);
+        if self.orphans_seen || recent(self.last_handoff) || recent(self.last_acquired) {
             return;
         }
         let staying = self.registry.staying() as u64;
@@ -658,8 +674,21 @@ impl Acquirer {
             .filter(HeldStream::staying)
             .collect();
         movable.shuffle(&mut rand::rng());
+        let peers: Vec<(String, u64, bool)> = self
+            .view
+            .peers
+            .iter()
+            .map(|p| (p.incarnation.to_string(), p.held, p.progressing))
+            .collect();
+        tracing::info!(
+            held = staying,
+            fair,
+            count,
+            ?peers,
+            "handing streams over to rebalance the fleet"
+        );
         for h in movable.into_iter().take(count as usize) {
-            tracing::info!(stream = %h.lease.key, fair, "handing stream over to rebalance the fleet");
+            tracing::debug!(stream = %h.lease.key, "handing stream over");
             h.signals.handoff.cancel();
         }
         self.last_handoff = Some(Instant::now());

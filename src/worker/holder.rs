@@ -128,11 +128,7 @@ impl Holder {
                 biased;
                 _ = signals.shutdown.cancelled() => return self.release(&mut session, ReleaseReason::Shutdown).await,
                 _ = signals.handoff.cancelled() => return self.release(&mut session, ReleaseReason::Rebalance).await,
-                _ = fence.closed(), if serving => {
-                    session = None;
-                    self.ctx.metrics.self_fences.inc();
-                    tracing::warn!(stream = %self.held.lease.key, "fence closed: session closed until a renewal is confirmed");
-                }
+                _ = fence.closed(), if serving => self.fence_session(&mut session),
                 _ = fence.open(), if !serving && !self.failed && !fence.is_valid() => {}
                 end = session_done => {
                     session = None;
@@ -235,7 +231,7 @@ impl Holder {
     async fn follow_change(&mut self, session: &mut Option<Running>) -> Option<HolderEnd> {
         let key = self.held.lease.key.clone();
         let current = loop {
-            match self.ctx.store.get(&key).await {
+            match self.store_call(session, self.ctx.store.get(&key)).await {
                 Ok(current) => break current,
                 Err(e) => {
                     tracing::warn!(stream = %key, error = %e, "cannot re-read a changed stream; retrying");
@@ -286,13 +282,11 @@ impl Holder {
     async fn write_status(&mut self, session: &mut Option<Running>) -> Option<HolderEnd> {
         let status = self.held.progress.take_status()?;
         self.last_status_write = Some(Instant::now());
-        match Box::pin(self.ctx.store.write_status(
-            &self.held.lease,
-            &status,
-            self.record.generation,
-        ))
-        .await
-        {
+        let write = self
+            .ctx
+            .store
+            .write_status(&self.held.lease, &status, self.record.generation);
+        match self.store_call(session, Box::pin(write)).await {
             Ok(OwnerWrite::Done(())) => None,
             Ok(OwnerWrite::Lost) => {
                 tracing::warn!(stream = %self.held.lease.key, "status write found the stream no longer ours; closing the session");
@@ -310,6 +304,32 @@ impl Holder {
                 None
             }
         }
+    }
+
+    /// Closes the session because the fence closed; it starts again once a
+    /// renewal is confirmed.
+    fn fence_session(&self, session: &mut Option<Running>) {
+        *session = None;
+        self.ctx.metrics.self_fences.inc();
+        tracing::warn!(stream = %self.held.lease.key, "fence closed: session closed until a renewal is confirmed");
+    }
+
+    /// Awaits a store call without letting it keep a session open past the
+    /// fence: the holder's loop is not watching while it waits here (the
+    /// store may be the very thing that is unreachable), so the fence is
+    /// watched alongside and closes the session on time.
+    async fn store_call<T>(
+        &self,
+        session: &mut Option<Running>,
+        call: impl std::future::Future<Output = T>,
+    ) -> T {
+        tokio::pin!(call);
+        tokio::select! {
+            biased;
+            done = &mut call => return done,
+            _ = self.deps.fence.closed(), if session.is_some() => self.fence_session(session),
+        }
+        call.await
     }
 
     /// Graceful: flush and close with a normal close frame, within `budget`

@@ -266,7 +266,10 @@ async fn incarnation(
         return Ok(Ended::DeclaredDead);
     }
 
-    drain(&ctx, health, &registry, &mut tasks, &mut keys, &released).await;
+    drain(
+        &ctx, &me, health, &registry, &mut tasks, &mut keys, &released,
+    )
+    .await;
     drop(marker);
     let left = final_audit(&ctx, &registry, &acquirer).await;
     if left {
@@ -314,6 +317,7 @@ fn holder_ended(
 /// Stops every session and releases every stream, within the drain timeout.
 async fn drain(
     ctx: &WorkerCtx,
+    me: &Incarnation,
     health: &Health,
     registry: &Registry,
     tasks: &mut JoinSet<HolderEnd>,
@@ -325,6 +329,10 @@ async fn drain(
         "shutting down: releasing every stream"
     );
     health.set_draining();
+    // Peers stop counting this worker first, so its streams are theirs at once.
+    if let Err(e) = ctx.store.mark_draining(me).await {
+        tracing::debug!(error = %e, "draining not announced");
+    }
     for h in registry.snapshot() {
         h.signals.shutdown.cancel();
     }

@@ -9,7 +9,7 @@
 use crate::lease::PodIdentity;
 use k8s_openapi::api::core::v1::Pod;
 
-/// Container name assumed when `CONTAINER_NAME` is not set (the chart's).
+/// Container name assumed when `TETHER_CONTAINER_NAME` is not set (the chart's).
 pub const DEFAULT_CONTAINER: &str = "tether";
 
 /// Where to read this process's own pod.
@@ -23,14 +23,14 @@ pub struct PodLookup {
 
 impl PodLookup {
     /// From the downward API variables the chart sets (`POD_NAME`,
-    /// `POD_NAMESPACE`, optionally `CONTAINER_NAME`); `None` outside a pod.
+    /// `POD_NAMESPACE`, optionally `TETHER_CONTAINER_NAME`); `None` outside a pod.
     pub fn from_env(client: kube::Client) -> Option<Self> {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         Some(Self {
             client,
             namespace: var("POD_NAMESPACE")?,
             name: var("POD_NAME")?,
-            container: var("CONTAINER_NAME").unwrap_or_else(|| DEFAULT_CONTAINER.into()),
+            container: var("TETHER_CONTAINER_NAME").unwrap_or_else(|| DEFAULT_CONTAINER.into()),
         })
     }
 
@@ -44,7 +44,16 @@ impl PodLookup {
                 return None;
             }
         };
-        identity_of(&pod, &self.container)
+        let identity = identity_of(&pod, &self.container);
+        match &identity {
+            Some(id) => {
+                tracing::info!(pod = %self.name, container = %id.container, restarts = id.restart_count, "running in a pod: a restart of this container can prove its predecessor gone")
+            }
+            None => {
+                tracing::warn!(pod = %self.name, container = %self.container, "this pod's status shows no running container of that name; a container restart will wait for the lease")
+            }
+        }
+        identity
     }
 }
 

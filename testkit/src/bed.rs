@@ -37,6 +37,8 @@ pub struct BedOptions {
     pub first_seq: u64,
     /// Namespace of the bed's streams.
     pub namespace: String,
+    /// Make the table with this tether 0.1 binary (a version-1 table).
+    pub legacy_table: Option<PathBuf>,
 }
 
 impl Default for BedOptions {
@@ -45,6 +47,7 @@ impl Default for BedOptions {
             rate: 20,
             first_seq: 1,
             namespace: "fleet".into(),
+            legacy_table: None,
         }
     }
 }
@@ -73,7 +76,10 @@ impl Drop for Bed {
 impl Bed {
     /// A bed whose workers run `exe` (the `tether` binary).
     pub async fn start(exe: impl Into<PathBuf>, options: BedOptions) -> anyhow::Result<Self> {
-        let store = fresh_store(None).await;
+        let store = match &options.legacy_table {
+            None => fresh_store(None).await,
+            Some(legacy) => legacy_store(legacy).await?,
+        };
         let upstream = TestUpstream::start(
             loopback(),
             FeedOptions {
@@ -275,6 +281,28 @@ impl Bed {
             assert_eq!(log.stale_messages, 0, "{n}: stale deliveries");
         }
     }
+}
+
+/// A table made by tether 0.1 (only the `by_state` index), and a client for it.
+async fn legacy_store(legacy: &std::path::Path) -> anyhow::Result<LeaseStore> {
+    let table = crate::store::unique_table("v1");
+    let out = std::process::Command::new(legacy)
+        .args(["--table", &table, "table", "create"])
+        .env("AWS_ENDPOINT_URL_DYNAMODB", endpoint().0)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "x")
+        .env("AWS_SECRET_ACCESS_KEY", "x")
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "tether 0.1 table create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(LeaseStore::connect(
+        crate::store::store_config(&table),
+        std::sync::Arc::new(tether::metrics::StoreMetrics::new()),
+    )
+    .await?)
 }
 
 /// Resident set size of a process in KiB (Linux).

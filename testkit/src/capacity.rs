@@ -158,8 +158,13 @@ impl CapacityModel {
 
     /// Forgets usage and history (e.g. after loading a table directly).
     pub fn reset(&self) {
-        *lock(&self.state.usage) = Usage::default();
+        self.reset_usage();
         lock(&self.state.history).clear();
+    }
+
+    /// Forgets usage (peaks, totals, throttling), keeps the history.
+    pub fn reset_usage(&self) {
+        *lock(&self.state.usage) = Usage::default();
     }
 
     /// Milliseconds since the model started (the history's clock).
@@ -335,7 +340,16 @@ fn units(v: Option<&Value>) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Each request is handled in a task of its own: a client that gives up (an
+/// SDK attempt timeout) must not cut the metering of a write that already
+/// landed short.
 async fn handle(State(state): State<Arc<ModelState>>, headers: HeaderMap, body: Bytes) -> Response {
+    tokio::spawn(handle_to_completion(state, headers, body))
+        .await
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+async fn handle_to_completion(state: Arc<ModelState>, headers: HeaderMap, body: Bytes) -> Response {
     let target = headers
         .get("x-amz-target")
         .and_then(|v| v.to_str().ok())

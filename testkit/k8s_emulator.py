@@ -103,6 +103,8 @@ async def main():
     emulator.resources['tether.dev/v1alpha1/streamconnections'].kind = 'StreamConnection'
     emulator.resources['events.k8s.io/v1/events'].kind = 'Event'
     emulator.resources['v1/secrets'].kind = 'Secret'
+    emulator.resources['v1/pods'].kind = 'Pod'
+    emulator.resources['coordination.k8s.io/v1/leases'].kind = 'Lease'
     async with emulator, apps.Server(emulator) as server:
         print(f'http://{server.host}:{server.port}', flush=True)
         await asyncio.Event().wait()

@@ -1,0 +1,80 @@
+//! The designs compared in one run: tether (incarnation leases, this
+//! version), tether 0.1 (per-stream leases, the version it replaces) and the
+//! seed design's parameters (per-stream leases, 60 s orphan scan, no
+//! rebalancing — emulated by tether 0.1 with those settings).
+
+use crate::Ctx;
+use std::path::PathBuf;
+use std::time::Duration;
+use tether_testkit::bed::{Bed, BedOptions};
+use tether_testkit::fleet::FleetConfig;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Design {
+    Tether,
+    Today,
+    Seed,
+}
+
+impl Design {
+    pub const ALL: [Design; 3] = [Design::Tether, Design::Today, Design::Seed];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Design::Tether => "tether",
+            Design::Today => "tether-0.1",
+            Design::Seed => "seed",
+        }
+    }
+
+    /// Lease, heartbeat, orphan-scan interval.
+    pub fn timings(self, ctx: &Ctx) -> (Duration, Duration, Duration) {
+        let p = &ctx.profile;
+        match self {
+            Design::Tether => (p.lease, p.heartbeat, p.reconcile),
+            Design::Today => (p.v1_lease, p.v1_heartbeat, p.reconcile),
+            Design::Seed => (p.v1_lease, p.v1_heartbeat, p.seed_reconcile),
+        }
+    }
+
+    fn exe(self, ctx: &Ctx) -> PathBuf {
+        match self {
+            Design::Tether => ctx.exe.clone(),
+            Design::Today | Design::Seed => ctx.legacy.clone(),
+        }
+    }
+
+    /// A bed whose table suits the design.
+    pub async fn bed(self, ctx: &Ctx, rate: u32, namespace: &str) -> anyhow::Result<Bed> {
+        let options = BedOptions {
+            rate,
+            first_seq: 1,
+            namespace: namespace.into(),
+            legacy_table: (self != Design::Tether).then(|| ctx.legacy.clone()),
+        };
+        Bed::start(self.exe(ctx), options).await
+    }
+
+    /// Fleet settings of the design on `bed`'s table, its store traffic to `endpoint`.
+    pub fn fleet(self, ctx: &Ctx, bed: &Bed, endpoint: &str) -> FleetConfig {
+        let (lease, heartbeat, reconcile) = self.timings(ctx);
+        let mut fleet = FleetConfig::fast(self.exe(ctx), endpoint, bed.store.table(), &bed.log_dir);
+        fleet.workers.lease_duration = lease;
+        fleet.workers.heartbeat_interval = heartbeat;
+        fleet.workers.reconcile_interval = reconcile;
+        fleet.workers.fence_margin = Duration::from_secs(1);
+        fleet.workers.drain_timeout = Duration::from_secs(10);
+        match self {
+            Design::Tether => {}
+            Design::Today => fleet.extra_args = vec!["--max-clock-skew".into(), "2s".into()],
+            Design::Seed => {
+                fleet.extra_args = vec![
+                    "--max-clock-skew".into(),
+                    "2s".into(),
+                    "--no-rebalance".into(),
+                ]
+            }
+        }
+        fleet
+    }
+}

@@ -1,0 +1,235 @@
+//! `bench`: tether's figures, each measured side by side with tether 0.1 (the
+//! per-stream-lease version this one replaces) and the seed design's
+//! parameters, by the same harness in the same run, on real processes over
+//! loopback (the 100,000-stream run is a lease-only simulation in one process,
+//! through a capacity model of DynamoDB partitions).
+//!
+//!   scripts/bench [all|failover|rolling|chaos|cost|scale|restart|sessions|throughput] [--quick] [--seed N]
+//!
+//! Prints a table and writes JSON + Markdown under bench/results/.
+
+mod cost;
+mod designs;
+mod failover;
+mod report;
+mod restart;
+mod rolling;
+mod scale;
+mod sessions;
+mod throughput;
+
+use anyhow::bail;
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::time::Duration;
+use tether::demo::quantile;
+use tether_testkit::fleet::WorkerProcess;
+use tokio::time::Instant;
+
+/// DynamoDB on-demand prices (us-east-1, since the November 2024 price change).
+pub const PRICE_PER_MILLION_WRU: f64 = 0.625;
+pub const PRICE_PER_MILLION_RRU: f64 = 0.125;
+pub const HOURS_PER_MONTH: f64 = 730.0;
+
+/// Timings and sizes of one benchmark profile.
+#[derive(Clone, Debug)]
+pub struct Profile {
+    pub name: &'static str,
+    /// tether's lease, heartbeat and orphan scan (the defaults in `default`).
+    pub lease: Duration,
+    pub heartbeat: Duration,
+    pub reconcile: Duration,
+    /// tether 0.1's lease and heartbeat (its defaults), and the seed's scan.
+    pub v1_lease: Duration,
+    pub v1_heartbeat: Duration,
+    pub seed_reconcile: Duration,
+    pub failover_streams: usize,
+    pub rolling_streams: usize,
+    pub chaos: Duration,
+    pub cost_window: Duration,
+    pub scale_streams: usize,
+    pub scale_workers: usize,
+    pub session_steps: Vec<usize>,
+    pub storm_streams: usize,
+    pub throughput_sessions: usize,
+    pub throughput_window: Duration,
+}
+
+impl Profile {
+    fn default_profile() -> Self {
+        Self {
+            name: "default",
+            lease: Duration::from_secs(8),
+            heartbeat: Duration::from_secs(4),
+            reconcile: Duration::from_millis(250),
+            v1_lease: Duration::from_secs(20),
+            v1_heartbeat: Duration::from_secs(5),
+            seed_reconcile: Duration::from_secs(60),
+            failover_streams: 24,
+            rolling_streams: 30,
+            chaos: Duration::from_secs(150),
+            cost_window: Duration::from_secs(60),
+            scale_streams: 100_000,
+            scale_workers: 20,
+            session_steps: vec![1000, 5000, 10000],
+            storm_streams: 5000,
+            throughput_sessions: 50,
+            throughput_window: Duration::from_secs(10),
+        }
+    }
+
+    /// Everything scaled down (the 0.1 and seed timings by the same 0.3).
+    fn quick() -> Self {
+        Self {
+            name: "quick",
+            lease: Duration::from_secs(4),
+            heartbeat: Duration::from_millis(1500),
+            reconcile: Duration::from_millis(250),
+            v1_lease: Duration::from_secs(6),
+            v1_heartbeat: Duration::from_millis(1500),
+            seed_reconcile: Duration::from_secs(18),
+            failover_streams: 12,
+            rolling_streams: 12,
+            chaos: Duration::from_secs(30),
+            cost_window: Duration::from_secs(20),
+            scale_streams: 10_000,
+            scale_workers: 10,
+            session_steps: vec![1000],
+            storm_streams: 1000,
+            throughput_sessions: 20,
+            throughput_window: Duration::from_secs(5),
+        }
+    }
+}
+
+pub struct Ctx {
+    pub profile: Profile,
+    /// The tether binary.
+    pub exe: PathBuf,
+    /// The tether 0.1 binary.
+    pub legacy: PathBuf,
+    pub seed: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tether::install_crypto_provider();
+    // The in-process workers of the scale run log here when asked (RUST_LOG).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let seed = args
+        .iter()
+        .position(|a| a == "--seed")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(42);
+    let which = args
+        .iter()
+        .find(|a| !a.starts_with("--") && a.parse::<u64>().is_err())
+        .cloned()
+        .unwrap_or_else(|| "all".into());
+    let exe = std::env::current_exe()?.with_file_name("tether");
+    if !exe.exists() {
+        bail!(
+            "{} not found: build it (`cargo build --release -p tether`), or use scripts/bench",
+            exe.display()
+        );
+    }
+    let legacy = PathBuf::from(std::env::var("TETHER_LEGACY_BIN").unwrap_or_default());
+    if !legacy.exists() {
+        bail!(
+            "TETHER_LEGACY_BIN must name a tether 0.1 binary (scripts/legacy-binary release); scripts/bench sets it"
+        );
+    }
+    raise_fd_limit();
+    let ctx = Ctx {
+        profile: if quick {
+            Profile::quick()
+        } else {
+            Profile::default_profile()
+        },
+        exe,
+        legacy,
+        seed,
+    };
+    let started = Instant::now();
+    let mut results = serde_json::Map::new();
+    let all = which == "all";
+    println!("tether benchmarks, profile {}", ctx.profile.name);
+    if all || which == "failover" {
+        results.insert("failover".into(), failover::run(&ctx).await?);
+    }
+    if all || which == "restart" {
+        results.insert("container_restart".into(), restart::run(&ctx).await?);
+    }
+    if all || which == "rolling" {
+        results.insert("rolling_restart".into(), rolling::run(&ctx).await?);
+    }
+    if all || which == "chaos" {
+        results.insert("chaos".into(), rolling::chaos(&ctx).await?);
+    }
+    if all || which == "cost" {
+        results.insert("dynamodb_cost".into(), cost::run(&ctx).await?);
+    }
+    if all || which == "scale" {
+        results.insert("scale".into(), scale::run(&ctx).await?);
+    }
+    if all || which == "sessions" {
+        results.insert("sessions_per_worker".into(), sessions::run(&ctx).await?);
+    }
+    if all || which == "throughput" {
+        results.insert("throughput".into(), throughput::run(&ctx).await?);
+    }
+    let report = json!({
+        "profile": ctx.profile.name,
+        "parameters": {
+            "lease_s": ctx.profile.lease.as_secs_f64(),
+            "heartbeat_s": ctx.profile.heartbeat.as_secs_f64(),
+            "reconcile_s": ctx.profile.reconcile.as_secs_f64(),
+            "v1_lease_s": ctx.profile.v1_lease.as_secs_f64(),
+            "v1_heartbeat_s": ctx.profile.v1_heartbeat.as_secs_f64(),
+            "seed_reconcile_s": ctx.profile.seed_reconcile.as_secs_f64(),
+        },
+        "machine": report::machine(),
+        "wall_time_s": started.elapsed().as_secs_f64(),
+        "results": Value::Object(results),
+    });
+    report::write(&report, &which)?;
+    Ok(())
+}
+
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+/// p50/p99/max of latencies.
+pub fn stats(values: &[f64]) -> Value {
+    json!({
+        "n": values.len(),
+        "p50_s": round2(quantile(values, 0.5)),
+        "p99_s": round2(quantile(values, 0.99)),
+        "max_s": round2(quantile(values, 1.0)),
+    })
+}
+
+pub fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+pub async fn stop_all(workers: &mut [WorkerProcess]) {
+    for w in workers.iter() {
+        let _ = w.signal(nix::sys::signal::Signal::SIGTERM);
+    }
+    for w in workers.iter_mut() {
+        let _ = w.wait(Duration::from_secs(30)).await;
+    }
+}

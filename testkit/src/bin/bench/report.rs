@@ -1,0 +1,229 @@
+//! Writing results: JSON (everything) and Markdown (the tables people read),
+//! under bench/results/.
+
+use serde_json::{Value, json};
+use std::path::Path;
+
+pub fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let mem_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0);
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    json!({
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu_model": cpu,
+        "memory_gib": (mem_kib as f64 / 1048576.0 * 10.0).round() / 10.0,
+        "git_commit": commit,
+    })
+}
+
+pub fn write(report: &Value, which: &str) -> anyhow::Result<()> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/results");
+    std::fs::create_dir_all(&dir)?;
+    let profile = report["profile"].as_str().unwrap_or("default");
+    let stem = if which == "all" {
+        profile.to_string()
+    } else {
+        format!("{profile}-{which}")
+    };
+    let json_path = dir.join(format!("{stem}.json"));
+    std::fs::write(&json_path, serde_json::to_string_pretty(report)? + "\n")?;
+    let md_path = dir.join(format!("{stem}.md"));
+    std::fs::write(&md_path, markdown(report))?;
+    println!("wrote {} and {}", json_path.display(), md_path.display());
+    Ok(())
+}
+
+fn f(v: &Value) -> String {
+    match v.as_f64() {
+        Some(x) if x.fract() == 0.0 && x.abs() >= 10.0 => format!("{x:.0}"),
+        Some(x) => format!("{x:.2}"),
+        None => v.to_string(),
+    }
+}
+
+const DESIGNS: [&str; 3] = ["tether", "tether-0.1", "seed"];
+
+fn markdown(r: &Value) -> String {
+    let p = &r["parameters"];
+    let mut md = format!(
+        "# tether benchmark results ({} profile)\n\nMachine: {} CPUs ({}), {} GiB; commit {}; wall time {:.0} s.\n\
+         Designs, measured in the same run: **tether** (lease {} s, heartbeat {} s, orphan scan {} s), **tether-0.1** \
+         (per-stream leases: lease {} s, heartbeat {} s, orphan scan {} s) and **seed** (per-stream leases, the seed \
+         design's parameters: lease {} s, heartbeat {} s, orphan scan {} s, no rebalancing).\n\n",
+        r["profile"].as_str().unwrap_or(""),
+        r["machine"]["cpus"],
+        r["machine"]["cpu_model"].as_str().unwrap_or(""),
+        r["machine"]["memory_gib"],
+        r["machine"]["git_commit"].as_str().unwrap_or(""),
+        r["wall_time_s"].as_f64().unwrap_or(0.0),
+        f(&p["lease_s"]),
+        f(&p["heartbeat_s"]),
+        f(&p["reconcile_s"]),
+        f(&p["v1_lease_s"]),
+        f(&p["v1_heartbeat_s"]),
+        f(&p["reconcile_s"]),
+        f(&p["v1_lease_s"]),
+        f(&p["v1_heartbeat_s"]),
+        f(&p["seed_reconcile_s"]),
+    );
+    let res = &r["results"];
+    if let Some(fo) = res.get("failover") {
+        md.push_str("## Failover (signal → new session's first message)\n\n| scenario | design | p50 s | p99 s | max s | checkpoint lag p99 s | overlaps | gaps | stale |\n|---|---|---|---|---|---|---|---|---|\n");
+        for scenario in ["crash_sigkill", "graceful_sigterm"] {
+            for design in DESIGNS {
+                let x = &fo[scenario][design];
+                md.push_str(&format!(
+                    "| {scenario} | {design} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    f(&x["p50_s"]),
+                    f(&x["p99_s"]),
+                    f(&x["max_s"]),
+                    f(&x["checkpoint_lag_p99_s"]),
+                    x["overlapping_sessions"],
+                    x["sequence_gaps"],
+                    x["stale_deliveries"]
+                ));
+            }
+        }
+        md.push('\n');
+    }
+    if let Some(c) = res.get("container_restart") {
+        md.push_str(&format!(
+            "## Container restart in a pod (Kubernetes API emulator; new process → first message)\n\n| | p50 s | p99 s | max s |\n|---|---|---|---|\n\
+             | with the kubelet's proof | {} | {} | {} |\n| without it (lease {} s) | {} | {} | {} |\n\n",
+            f(&c["with_proof"]["p50_s"]), f(&c["with_proof"]["p99_s"]), f(&c["with_proof"]["max_s"]),
+            f(&c["lease_s"]),
+            f(&c["without_proof"]["p50_s"]), f(&c["without_proof"]["p99_s"]), f(&c["without_proof"]["max_s"]),
+        ));
+    }
+    if let Some(ro) = res.get("rolling_restart") {
+        md.push_str("## Rolling restart of 3 workers\n\n| design | ownerless stream-seconds | max ownerless s | overlaps | gaps |\n|---|---|---|---|---|\n");
+        for design in DESIGNS {
+            let x = &ro[design];
+            md.push_str(&format!(
+                "| {design} | {} | {} | {} | {} |\n",
+                f(&x["ownerless_stream_seconds"]),
+                f(&x["max_ownerless_s"]),
+                x["overlapping_sessions"],
+                x["sequence_gaps"]
+            ));
+        }
+        md.push('\n');
+    }
+    if let Some(c) = res.get("chaos") {
+        md.push_str(&format!(
+            "## Chaos soak (seed {}, {:.0} s, {} streams, {} workers, lease {} s, zero-based feed)\n\nEvents: {}. Throttled requests: {}.\n\n\
+             | overlaps | gaps | stale deliveries | duplicates | max ownerless s | ownerless stream-seconds |\n|---|---|---|---|---|---|\n| {} | {} | {} | {} | {} | {} |\n\n",
+            c["seed"], c["duration_s"].as_f64().unwrap_or(0.0), c["streams"], c["workers"], c["lease_s"], c["events"], c["throttled_requests"],
+            c["overlapping_sessions"], c["sequence_gaps"], c["stale_deliveries"], c["duplicates"], f(&c["max_ownerless_s"]), f(&c["ownerless_stream_seconds"])
+        ));
+    }
+    if let Some(c) = res.get("dynamodb_cost").and_then(Value::as_object) {
+        md.push_str("## DynamoDB cost at steady state (capacity model meter; 2 workers; 1 message/s per stream unless idle)\n\n| design | streams per worker | write units per stream-hour | read units per stream-hour | read units per worker-hour | hottest key WCU/s | $/month for 10,000 streams |\n|---|---|---|---|---|---|---|\n");
+        for (label, x) in c.iter().filter(|(k, _)| *k != "prices") {
+            let design = DESIGNS
+                .iter()
+                .find(|d| label.starts_with(&format!("{d}_")))
+                .copied()
+                .unwrap_or("?");
+            let idle = if label.ends_with("idle") {
+                " (idle)"
+            } else {
+                ""
+            };
+            md.push_str(&format!(
+                "| {design}{idle} | {} | {} | {} | {} | {} | {} |\n",
+                x["streams"].as_u64().unwrap_or(0) / x["workers"].as_u64().unwrap_or(1),
+                f(&x["wru_per_stream_hour"]),
+                f(&x["rru_per_stream_hour"]),
+                f(&x["rru_per_worker_hour"]),
+                f(&x["hottest_write_units_per_s"]),
+                f(&x["monthly_usd_10000_streams"])
+            ));
+        }
+        md.push('\n');
+    }
+    if let Some(s) = res.get("scale") {
+        let t = &s["tether"];
+        md.push_str(&format!(
+            "## Scale by simulation ({})\n\n{} streams on {} workers: all acquired in {:.1} s (hottest key {} at {:.0} WCU/s, {} throttled); \
+             steady state hottest key {} at {:.1} WCU/s; crash of {} workers ({} streams): all owned again after {:.1} s \
+             (hottest key {} at {:.0} WCU/s, {} throttled); double owners from the store's history: {}.\n\n",
+            t["simulation"].as_str().unwrap_or(""), t["streams"], t["workers"], t["acquire_all_s"].as_f64().unwrap_or(0.0),
+            key(&t["acquisition"]["hottest_write_key"]), t["acquisition"]["hottest_write_units_per_s"].as_f64().unwrap_or(0.0), t["acquisition"]["throttled_requests"],
+            key(&t["steady"]["hottest_write_key"]), t["steady"]["hottest_write_units_per_s"].as_f64().unwrap_or(0.0),
+            t["crashed_workers"], t["crashed_streams"], t["failover_all_owned_again_s"].as_f64().unwrap_or(0.0),
+            key(&t["failover"]["hottest_write_key"]), t["failover"]["hottest_write_units_per_s"].as_f64().unwrap_or(0.0), t["failover"]["throttled_requests"],
+            t["double_owners"],
+        ));
+        md.push_str(&format!(
+            "tether 0.1 through the same model, heartbeat compressed {}× (each row stands for {}× the streams at its default heartbeat):\n\n| streams | equivalent at 5 s heartbeat | hottest key | WCU/s | throttled requests |\n|---|---|---|---|---|\n",
+            s["tether_0_1"]["heartbeat_compression"], s["tether_0_1"]["heartbeat_compression"]
+        ));
+        for row in s["tether_0_1"]["steps"].as_array().into_iter().flatten() {
+            md.push_str(&format!(
+                "| {} | {} | {} | {:.0} | {} |\n",
+                row["streams"],
+                row["equivalent_streams_at_default_heartbeat"],
+                key(&row["hottest_write_key"]),
+                row["hottest_write_units_per_s"].as_f64().unwrap_or(0.0),
+                row["throttled_requests"]
+            ));
+        }
+        md.push('\n');
+    }
+    if let Some(s) = res.get("sessions_per_worker") {
+        md.push_str("## Memory per idle session (one worker)\n\n| scheme | sessions | RSS MiB | KiB per session | self-fences | renewal errors | connect all s |\n|---|---|---|---|---|---|---|\n");
+        let rows = s["ws"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| ("ws", v.clone()))
+            .chain(s.get("wss").cloned().map(|w| ("wss", w)));
+        for (scheme, step) in rows {
+            md.push_str(&format!(
+                "| {scheme} | {} | {:.1} | {} | {} | {} | {} |\n",
+                step["sessions"],
+                step["rss_kib"].as_f64().unwrap_or(0.0) / 1024.0,
+                f(&step["kib_per_session"]),
+                step["self_fences"],
+                step["renewal_errors"],
+                f(&step["connect_all_s"])
+            ));
+        }
+        md.push('\n');
+    }
+    if let Some(t) = res.get("throughput") {
+        md.push_str(&format!(
+            "## Throughput ({} sessions, offered {} msg/s)\n\n| tether → HTTP sink msg/s | bare tokio-tungstenite read msg/s | ratio |\n|---|---|---|\n| {} | {} | {} |\n\n",
+            t["sessions"], t["offered_msgs_per_s"], t["tether_msgs_per_s"], t["bare_tokio_tungstenite_msgs_per_s"], t["ratio"]
+        ));
+    }
+    md
+}
+
+fn key(v: &Value) -> String {
+    match (v["scope"].as_str(), v["value"].as_str()) {
+        (Some(scope), Some(value)) => format!("`{scope}:{value}`"),
+        _ => "-".into(),
+    }
+}

@@ -1,0 +1,344 @@
+//! Scale by simulation, said plainly: a lease-only run of tether with
+//! sessions replaced by a no-op (so one 2-core machine can hold the leases),
+//! 100,000 streams on 20 in-process workers, on the embedded store, through
+//! the capacity model with DynamoDB's per-partition limits enforced. Time to
+//! acquire everything, a crash of 2 workers (10% of the streams) and the time
+//! until their streams are owned again, the hottest partition key's peak
+//! write units per second in steady state and during the failover, and double
+//! owners counted from the store's history (not the workers' word).
+//!
+//! Then the same meter on tether 0.1 (real processes, idle sessions), with its
+//! heartbeat compressed 5× so a few hundred streams show where thousands
+//! would throttle: every renewal moves the `by_state` sort key inside the one
+//! partition `STARTED`.
+
+use crate::Ctx;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+use tether::http::Health;
+use tether::lease::{LeaseStore, StoreConfig, StreamKey};
+use tether::metrics::{StoreMetrics, WorkerMetrics};
+use tether::worker::policy::HostPolicy;
+use tether::worker::progress::StreamProgress;
+use tether::worker::secrets::SecretSource;
+use tether::worker::session::{SessionConfig, SessionControl, SessionDeps, SessionEnd, Sessions};
+use tether::worker::{WorkerCtx, WorkerSettings};
+use tether_testkit::bed::{BedOptions, loopback};
+use tether_testkit::capacity::{CapacityModel, double_owners};
+use tether_testkit::fixtures::log_spec;
+use tether_testkit::store::{endpoint, fresh_store};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// Upserts in flight while loading the table.
+const LOAD_CONCURRENCY: usize = 64;
+
+/// A session that holds nothing: it ends when stopped, aborted or fenced.
+struct NoopSessions;
+
+impl Sessions for NoopSessions {
+    fn start(
+        &self,
+        _cfg: SessionConfig,
+        _progress: Arc<StreamProgress>,
+        deps: SessionDeps,
+        ctl: SessionControl,
+    ) -> JoinHandle<SessionEnd> {
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = ctl.stop.cancelled() => SessionEnd::Stopped,
+                _ = ctl.abort.cancelled() => SessionEnd::Aborted,
+                _ = deps.fence.closed() => SessionEnd::Fenced,
+            }
+        })
+    }
+}
+
+struct SimWorker {
+    metrics: Arc<WorkerMetrics>,
+    task: JoinHandle<()>,
+}
+
+pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
+    let tether = tether_run(ctx).await?;
+    let legacy = legacy_ramp(ctx).await?;
+    Ok(json!({"tether": tether, "tether_0_1": legacy}))
+}
+
+fn held(workers: &[SimWorker]) -> i64 {
+    workers
+        .iter()
+        .map(|w| w.metrics.active_connections.get())
+        .sum()
+}
+
+async fn tether_run(ctx: &Ctx) -> anyhow::Result<Value> {
+    let p = &ctx.profile;
+    let n = p.scale_streams;
+    let direct = fresh_store(None).await;
+    let table = direct.table().to_string();
+    let loading = Instant::now();
+    let spec = log_spec("ws://127.0.0.1:9/never-dialled");
+    futures::stream::iter((0..n).map(|i| {
+        let desired = spec.to_desired(StreamKey::new("scale", format!("s{i:06}")), 1, None);
+        let store = direct.clone();
+        async move { store.upsert_desired(&desired).await }
+    }))
+    .buffer_unordered(LOAD_CONCURRENCY)
+    .collect::<Vec<_>>()
+    .await
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()?;
+    println!(
+        "scale: {n} streams written in {:.0}s",
+        loading.elapsed().as_secs_f64()
+    );
+    let model = CapacityModel::start(loopback(), &endpoint().0, true).await?;
+    let mut workers = Vec::new();
+    for i in 0..p.scale_workers {
+        let store = LeaseStore::connect(
+            StoreConfig::local(&table, model.endpoint()),
+            Arc::new(StoreMetrics::new()),
+        )
+        .await?;
+        let settings = WorkerSettings {
+            worker_id: format!("sim-{i:02}"),
+            lease_duration: p.lease,
+            heartbeat_interval: p.heartbeat,
+            reconcile_interval: p.reconcile,
+            fence_window: p.lease - Duration::from_secs(1),
+            max_clock_skew: Duration::from_secs(2),
+            max_connections: n,
+            drain_timeout: Duration::from_secs(10),
+            rebalance: true,
+            ca_file: None,
+        };
+        let metrics = Arc::new(WorkerMetrics::default());
+        let health = Arc::new(Health::new(
+            store.reachability(),
+            store.clock(),
+            settings.max_clock_skew,
+        ));
+        let worker_ctx = WorkerCtx::new(
+            settings,
+            store,
+            metrics.clone(),
+            HostPolicy::new(["*"]),
+            SecretSource::Standalone,
+            None,
+        )?
+        .with_sessions(Arc::new(NoopSessions));
+        let task = tokio::spawn(async move {
+            if let Err(e) =
+                tether::worker::run(Arc::new(worker_ctx), health, std::future::pending()).await
+            {
+                eprintln!("simulated worker stopped: {e}");
+            }
+        });
+        workers.push(SimWorker { metrics, task });
+    }
+    let t0 = Instant::now();
+    let acquire_limit = Duration::from_secs(1800);
+    while held(&workers) < n as i64 {
+        anyhow::ensure!(
+            t0.elapsed() < acquire_limit,
+            "only {} of {n} acquired in {acquire_limit:?}",
+            held(&workers)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let acquire_all = t0.elapsed().as_secs_f64();
+    let during_acquisition = model.report();
+    println!(
+        "scale: {} workers acquired {n} streams in {acquire_all:.1}s; hottest key {:?} at {:.0} WCU/s, {} throttled",
+        p.scale_workers,
+        during_acquisition.hottest_write_key,
+        during_acquisition.hottest_write_units_per_s,
+        during_acquisition.throttled_requests
+    );
+    // Steady state: once fair share has balanced the fleet (a mass creation
+    // lands unevenly; rebalancing halves the excess every two heartbeats).
+    let moves = |workers: &[SimWorker]| -> (u64, u64) {
+        workers.iter().fold((0, 0), |(h, s), w| {
+            (
+                h + w.metrics.rebalance_handoffs.get(),
+                s + w.metrics.self_fences.get(),
+            )
+        })
+    };
+    let balancing = Instant::now();
+    loop {
+        let before = moves(&workers).0;
+        tokio::time::sleep(p.heartbeat * 3).await;
+        if moves(&workers).0 == before || balancing.elapsed() > Duration::from_secs(300) {
+            break;
+        }
+    }
+    let balanced_after = balancing.elapsed().as_secs_f64();
+    println!("scale: balanced {balanced_after:.0}s after the acquisition");
+    model.reset_usage();
+    let (handoffs_before, fences_before) = moves(&workers);
+    let steady_window = p.heartbeat * 4;
+    tokio::time::sleep(steady_window).await;
+    let steady = model.report();
+    let (handoffs_after, fences_after) = moves(&workers);
+    println!(
+        "scale: steady window: {} handoffs, {} self-fences",
+        handoffs_after - handoffs_before,
+        fences_after - fences_before
+    );
+    println!(
+        "scale: steady state hottest key {:?} at {:.1} WCU/s; {:.0} WCU/s in all",
+        steady.hottest_write_key,
+        steady.hottest_write_units_per_s,
+        steady.write_units / steady_window.as_secs_f64()
+    );
+    // Crash 10%: two workers vanish without releasing anything.
+    model.reset_usage();
+    let killed: usize = 2.min(workers.len() - 1);
+    let lost: i64 = workers[..killed]
+        .iter()
+        .map(|w| w.metrics.active_connections.get())
+        .sum();
+    let t1 = Instant::now();
+    for w in workers.drain(..killed) {
+        w.task.abort();
+    }
+    while held(&workers) < n as i64 {
+        anyhow::ensure!(
+            t1.elapsed() < acquire_limit,
+            "only {} of {n} owned again",
+            held(&workers)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let failover = t1.elapsed().as_secs_f64();
+    let during_failover = model.report();
+    let history = model.history();
+    let doubles = double_owners(&history);
+    if !doubles.is_empty() {
+        // Keep the evidence: every write to the streams and workers involved.
+        let path = std::env::temp_dir().join("tether-scale-double-owners.json");
+        let involved: Vec<_> = history
+            .iter()
+            .filter(|h| {
+                doubles
+                    .iter()
+                    .any(|d| d.starts_with(&h.pk) || h.pk.starts_with("WORKER#"))
+            })
+            .collect();
+        std::fs::write(&path, serde_json::to_string_pretty(&involved)?)?;
+        println!("scale: double owners! evidence in {}", path.display());
+    }
+    println!(
+        "scale: crash of {killed} workers ({lost} streams): all owned again after {failover:.1}s; hottest key {:?} at {:.0} WCU/s, {} throttled; double owners {}",
+        during_failover.hottest_write_key,
+        during_failover.hottest_write_units_per_s,
+        during_failover.throttled_requests,
+        doubles.len()
+    );
+    for w in workers {
+        w.task.abort();
+    }
+    Ok(json!({
+        "simulation": "lease-only: no-op sessions, in-process workers, embedded store behind the capacity model",
+        "streams": n,
+        "workers": p.scale_workers,
+        "acquire_all_s": acquire_all,
+        "acquisition": during_acquisition,
+        "steady": steady,
+        "steady_window_s": steady_window.as_secs_f64(),
+        "balanced_after_s": balanced_after,
+        "steady_handoffs": handoffs_after - handoffs_before,
+        "steady_self_fences": fences_after - fences_before,
+        "crashed_workers": killed,
+        "crashed_streams": lost,
+        "failover_all_owned_again_s": failover,
+        "failover": during_failover,
+        "double_owners": doubles.len(),
+        "double_owner_examples": doubles.into_iter().take(5).collect::<Vec<_>>(),
+    }))
+}
+
+/// tether 0.1 through the same meter, its heartbeat 5× faster than its
+/// default so each step stands for five times as many streams.
+async fn legacy_ramp(ctx: &Ctx) -> anyhow::Result<Value> {
+    // As much as 0.1's own rule allows (lease - skew - margin >= 2 heartbeats).
+    let compression: u32 = if ctx.profile.name == "quick" { 2 } else { 5 };
+    let steps: &[usize] = if ctx.profile.name == "quick" {
+        &[200, 400]
+    } else {
+        &[200, 400, 600, 800]
+    };
+    let bed = tether_testkit::bed::Bed::start(
+        ctx.legacy.clone(),
+        BedOptions {
+            rate: 0,
+            first_seq: 1,
+            namespace: "ramp".into(),
+            legacy_table: Some(ctx.legacy.clone()),
+        },
+    )
+    .await?;
+    let model = CapacityModel::start(loopback(), &endpoint().0, true).await?;
+    let mut fleet = tether_testkit::fleet::FleetConfig::fast(
+        &ctx.legacy,
+        model.endpoint(),
+        bed.store.table(),
+        &bed.log_dir,
+    );
+    fleet.workers.lease_duration = ctx.profile.v1_lease / compression;
+    fleet.workers.heartbeat_interval = ctx.profile.v1_heartbeat / compression;
+    fleet.workers.fence_margin = Duration::from_millis(500);
+    fleet.extra_args = vec![
+        "--max-clock-skew".into(),
+        "500ms".into(),
+        "--max-connections".into(),
+        "5000".into(),
+    ];
+    let mut workers: Vec<_> = (0..3)
+        .map(|i| fleet.spawn(&format!("v1-{i}")))
+        .collect::<Result<_, _>>()?;
+    let mut rows = Vec::new();
+    let mut applied = 0;
+    for &target in steps {
+        for i in applied..target {
+            let name = format!("s{i:05}");
+            bed.apply_spec(&name, &log_spec(&bed.upstream.url(&name)), 1)
+                .await?;
+        }
+        applied = target;
+        let names: Vec<String> = (0..target).map(|i| format!("s{i:05}")).collect();
+        tether_testkit::bed::Bed::wait(
+            Duration::from_secs(120),
+            "ramp streams connected",
+            || async { bed.connected_once(&names) },
+        )
+        .await?;
+        tokio::time::sleep(fleet.workers.heartbeat_interval * 3).await;
+        model.reset_usage();
+        let window = Duration::from_secs(10);
+        tokio::time::sleep(window).await;
+        let r = model.report();
+        let equivalent = target * compression as usize;
+        println!(
+            "scale: tether 0.1, {target} streams at a {:?} heartbeat (= {equivalent} at its default): hottest key {:?} at {:.0} WCU/s, {} throttled",
+            fleet.workers.heartbeat_interval,
+            r.hottest_write_key,
+            r.hottest_write_units_per_s,
+            r.throttled_requests
+        );
+        rows.push(json!({
+            "streams": target,
+            "equivalent_streams_at_default_heartbeat": equivalent,
+            "hottest_write_key": r.hottest_write_key,
+            "hottest_write_units_per_s": r.hottest_write_units_per_s,
+            "throttled_requests": r.throttled_requests,
+            "connected": bed.upstream.open_sessions().len(),
+        }));
+    }
+    crate::stop_all(&mut workers).await;
+    Ok(json!({"heartbeat_compression": compression, "steps": rows}))
+}
