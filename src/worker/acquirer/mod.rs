@@ -9,15 +9,19 @@
 //! released (a peer's `released_at_ms` moved), orphans were seen recently, or
 //! [`UNOWNED_SCAN_PERIOD`] passed.
 
+mod departed;
+mod pacing;
+mod peers;
+
 use super::WorkerCtx;
 use super::fence::Fence;
-use super::fleet::{AcquirePolicy, FleetView, Orphan, Peer, classify_free, handoff_count};
-use super::observer::{Observer, successors};
+use super::fleet::{AcquirePolicy, FleetView, Orphan, classify_free, handoff_count};
+use super::observer::Observer;
 use super::progress::StreamProgress;
 use super::registry::{HeldStream, HolderSignals, Registry};
 use super::settings::{
-    AUDIT_HEARTBEATS, HANDOFF_COOLDOWN_HEARTBEATS, PEER_SILENCE_HEARTBEATS,
-    REBALANCE_GRACE_INTERVALS, SHARE_GRACE_INTERVALS, UNOWNED_SCAN_PERIOD,
+    AUDIT_HEARTBEATS, HANDOFF_COOLDOWN_HEARTBEATS, REBALANCE_GRACE_INTERVALS,
+    SHARE_GRACE_INTERVALS, UNOWNED_SCAN_PERIOD,
 };
 use crate::lease::{
     AcquireFrom, AcquireOutcome, Checkpoints, DesiredState, FleetEntry, HOLDER_SHARDS, Incarnation,
@@ -32,20 +36,6 @@ use tokio::time::Instant;
 
 /// Acquires in flight at once.
 const ACQUIRE_CONCURRENCY: usize = 16;
-/// After a departed (DEAD or LEFT) incarnation's partitions were found empty,
-/// its ring successor looks again this often ...
-const ENDED_RESCAN: std::time::Duration = std::time::Duration::from_secs(5);
-/// ... and forgets it (deletes its items) once it has been gone this long: an
-/// acquire it sent just before it ended can still land after the first empty
-/// scan, and must still be found.
-const FORGET_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
-/// Peers each worker reads every pass (the rest every heartbeat).
-const WATCHED_PEERS: usize = 2;
-/// Write units per second one index partition may take from the whole fleet's
-/// acquisitions: DynamoDB's limit is 1,000; the rest is headroom. Each worker
-/// takes its share of this (divided by the live workers) per source partition.
-const PARTITION_WRITE_BUDGET: f64 = 800.0;
-
 /// A stream acquired (or adopted) and ready to be served.
 #[derive(Debug)]
 pub struct Acquired {
@@ -62,39 +52,6 @@ struct Candidate {
     source: String,
 }
 
-/// A departed incarnation this worker keeps an eye on.
-struct Ended {
-    first_seen: Instant,
-    /// Its partitions were found empty at least once.
-    emptied: bool,
-    last_scan: Option<Instant>,
-}
-
-/// Per-partition token buckets: this worker's share of each source partition's
-/// write budget.
-#[derive(Default)]
-struct Pacing {
-    buckets: HashMap<String, (f64, Instant)>,
-}
-
-impl Pacing {
-    fn take(&mut self, partition: &str, rate: f64) -> bool {
-        let now = Instant::now();
-        let (tokens, at) = self
-            .buckets
-            .entry(partition.to_string())
-            .or_insert((rate, now));
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(rate);
-        *at = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
 pub struct Acquirer {
     ctx: Arc<WorkerCtx>,
     me: Incarnation,
@@ -109,7 +66,7 @@ pub struct Acquirer {
     /// Dead incarnations' packed checkpoints, read once per takeover.
     dead_checkpoints: HashMap<Incarnation, Checkpoints>,
     /// Departed incarnations still listed in the fleet.
-    ended: HashMap<Incarnation, Ended>,
+    ended: HashMap<Incarnation, departed::Ended>,
     /// This incarnation's fence: nothing is acquired while it is closed.
     fence: Arc<Fence>,
     last_unowned_scan: Option<Instant>,
@@ -119,7 +76,7 @@ pub struct Acquirer {
     last_handoff: Option<Instant>,
     /// When this worker last acquired something.
     last_acquired: Option<Instant>,
-    pacing: Pacing,
+    pacing: pacing::Pacing,
     /// Items reported as malformed already (one log line each).
     reported: HashSet<String>,
     /// Whether version 1's index exists (a rolling upgrade is under way).
@@ -154,7 +111,7 @@ impl Acquirer {
             last_audit: Instant::now(),
             last_handoff: None,
             last_acquired: None,
-            pacing: Pacing::default(),
+            pacing: pacing::Pacing::default(),
             reported: HashSet::new(),
             legacy_index,
         }
@@ -239,85 +196,6 @@ impl Acquirer {
         }
         self.markers = seen;
         changed
-    }
-
-    /// Reads peers' items (a few every pass, all every heartbeat), updates the
-    /// fleet view, and declares overdue peers dead.
-    async fn watch_peers(&mut self, workers: &[FleetEntry]) -> Result<(), StoreError> {
-        let live: Vec<Incarnation> = workers
-            .iter()
-            .filter(|w| w.state == WorkerState::Live)
-            .map(|w| w.incarnation.clone())
-            .collect();
-        let draining: Vec<&Incarnation> = workers
-            .iter()
-            .filter(|w| w.draining)
-            .map(|w| &w.incarnation)
-            .collect();
-        self.observer.retain(|i| live.contains(i));
-        let now = Instant::now();
-        let full = self
-            .last_full_refresh
-            .is_none_or(|t| now.duration_since(t) >= self.ctx.settings.heartbeat_interval);
-        let to_read: Vec<Incarnation> = if full {
-            self.last_full_refresh = Some(now);
-            live.iter().filter(|i| **i != self.me).cloned().collect()
-        } else {
-            successors(&self.me, &live, WATCHED_PEERS)
-        };
-        let records = self.ctx.store.workers(&to_read).await?;
-        let now = Instant::now();
-        for r in &records {
-            self.observer.observe(r, now);
-        }
-        let silence = self.ctx.settings.heartbeat_interval * PEER_SILENCE_HEARTBEATS;
-        if full {
-            self.view = FleetView {
-                peers: records
-                    .iter()
-                    .filter(|r| r.state == WorkerState::Live && !draining.contains(&&r.incarnation))
-                    .map(|r| Peer {
-                        incarnation: r.incarnation.clone(),
-                        held: r.held,
-                        progressing: self.observer.progressing(&r.incarnation, now, silence),
-                    })
-                    .collect(),
-            };
-            self.ctx.metrics.live_workers.set(self.view.live() as i64);
-            let duplicates = records
-                .iter()
-                .filter(|r| {
-                    r.state == WorkerState::Live && r.incarnation.worker_id() == self.me.worker_id()
-                })
-                .count();
-            self.ctx.metrics.duplicate_worker_id.set(duplicates as i64);
-            if duplicates > 0 {
-                tracing::warn!(
-                    worker_id = self.me.worker_id(),
-                    others = duplicates,
-                    "another live process runs with this worker id; each keeps its own incarnation, but check the deployment"
-                );
-            }
-        } else {
-            self.view
-                .peers
-                .retain(|p| !draining.contains(&&p.incarnation));
-            for p in &mut self.view.peers {
-                p.progressing = self.observer.progressing(&p.incarnation, now, silence);
-            }
-        }
-        for (peer, version) in self.observer.overdue(now) {
-            match self.ctx.store.declare_dead(&peer, version).await? {
-                Some(WorkerState::Dead) => {
-                    self.ctx.metrics.workers_declared_dead.inc();
-                    tracing::warn!(worker = %peer, version, "peer's heartbeat stood still for a lease: declared dead");
-                }
-                state => {
-                    tracing::debug!(worker = %peer, ?state, "peer was not declared dead (it renewed or left)")
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Settles acquires that got no answer: serve the ones that landed.
@@ -413,111 +291,6 @@ impl Acquirer {
         }
     }
 
-    /// Departed incarnations: everyone takes a dead one's streams until its
-    /// partitions are empty; then its ring successor alone looks again now
-    /// and then (for an acquire it sent just before it ended) and finally
-    /// forgets it. A LEFT one released everything itself: only the successor looks.
-    async fn ended_candidates(
-        &mut self,
-        workers: &[FleetEntry],
-        candidates: &mut Vec<Candidate>,
-    ) -> Result<(), StoreError> {
-        let now = Instant::now();
-        let live: Vec<Incarnation> = workers
-            .iter()
-            .filter(|w| w.state == WorkerState::Live)
-            .map(|w| w.incarnation.clone())
-            .collect();
-        for w in workers
-            .iter()
-            .filter(|w| w.state != WorkerState::Live && w.incarnation != self.me)
-        {
-            self.ended.entry(w.incarnation.clone()).or_insert(Ended {
-                first_seen: now,
-                emptied: w.state == WorkerState::Left,
-                last_scan: None,
-            });
-        }
-        self.ended
-            .retain(|inc, _| workers.iter().any(|w| &w.incarnation == inc));
-        let ended: Vec<Incarnation> = self.ended.keys().cloned().collect();
-        for inc in ended {
-            let mine = successors(&inc, &live, 1).first() == Some(&self.me);
-            let Some(e) = self.ended.get(&inc) else {
-                continue;
-            };
-            let due = !e.emptied
-                || (mine
-                    && e.last_scan
-                        .is_none_or(|t| now.duration_since(t) >= ENDED_RESCAN));
-            if !due {
-                continue;
-            }
-            let found_any = self.ended_streams(&inc, candidates).await?;
-            if let Some(e) = self.ended.get_mut(&inc) {
-                e.last_scan = Some(now);
-                if !found_any {
-                    e.emptied = true;
-                    if mine && now.duration_since(e.first_seen) >= FORGET_AFTER {
-                        let shards = self
-                            .ctx
-                            .store
-                            .worker(&inc)
-                            .await?
-                            .map_or(0, |w| w.checkpoint_shards);
-                        self.ctx.store.forget_worker(&inc, shards).await?;
-                        self.dead_checkpoints.remove(&inc);
-                        self.ended.remove(&inc);
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// A departed incarnation's streams: STARTED ones become candidates (with
-    /// its packed checkpoint), STOPPED ones are freed. `false` when it holds none.
-    async fn ended_streams(
-        &mut self,
-        dead: &Incarnation,
-        candidates: &mut Vec<Candidate>,
-    ) -> Result<bool, StoreError> {
-        let found = self.ctx.store.held_by(dead).await?;
-        if found.records.is_empty() && found.malformed.is_empty() {
-            return Ok(false);
-        }
-        if !self.dead_checkpoints.contains_key(dead) {
-            let checkpoints = self.ctx.store.checkpoints_of(dead).await?;
-            self.dead_checkpoints.insert(dead.clone(), checkpoints);
-        }
-        let checkpoints = self.dead_checkpoints.get(dead).cloned().unwrap_or_default();
-        let mut started = crate::lease::Found {
-            malformed: found.malformed,
-            ..Default::default()
-        };
-        for r in found.records {
-            if r.ownership() != Ownership::Owned(dead.clone()) {
-                continue; // the index lags: it has moved already
-            }
-            if r.desired_state == DesiredState::Stopped || r.is_tombstone() {
-                self.ctx.store.clear_dead_owner(&r).await?;
-            } else {
-                started.records.push(r);
-            }
-        }
-        self.take_found(started, candidates, |r| {
-            let checkpoint = checkpoints
-                .get(&r.key)
-                .filter(|c| c.token == r.lease_counter)
-                .map(|c| c.seq);
-            Some(AcquireFrom::Dead {
-                owner: dead.clone(),
-                checkpoint,
-            })
-        });
-        Ok(true)
-    }
-
     /// Acquires what the policy allows, concurrently, paced per source partition.
     async fn acquire(&mut self, candidates: Vec<Candidate>) {
         let held = self.registry.len();
@@ -549,7 +322,7 @@ impl Acquirer {
             share_grace_ms: interval_ms * u64::from(SHARE_GRACE_INTERVALS),
             rebalance_grace_ms: interval_ms * u64::from(REBALANCE_GRACE_INTERVALS),
         };
-        let rate = PARTITION_WRITE_BUDGET / self.view.live() as f64;
+        let rate = pacing::PARTITION_WRITE_BUDGET / self.view.live() as f64;
         let mut chosen = Vec::new();
         for c in candidates {
             if chosen.len() >= capacity {

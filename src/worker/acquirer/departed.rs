@@ -1,0 +1,131 @@
+//! Departed (DEAD or LEFT) incarnations: whose streams still need taking,
+//! who looks again for late arrivals, and when an incarnation is forgotten.
+
+use super::{Acquirer, Candidate};
+use crate::lease::{
+    AcquireFrom, DesiredState, FleetEntry, Incarnation, Ownership, StoreError, WorkerState,
+};
+use crate::worker::observer::successors;
+use tokio::time::Instant;
+
+/// After a departed (DEAD or LEFT) incarnation's partitions were found empty,
+/// its ring successor looks again this often ...
+const ENDED_RESCAN: std::time::Duration = std::time::Duration::from_secs(5);
+/// ... and forgets it (deletes its items) once it has been gone this long: an
+/// acquire it sent just before it ended can still land after the first empty
+/// scan, and must still be found.
+const FORGET_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
+/// A departed incarnation this worker keeps an eye on.
+pub(super) struct Ended {
+    first_seen: Instant,
+    /// Its partitions were found empty at least once.
+    emptied: bool,
+    last_scan: Option<Instant>,
+}
+
+impl Acquirer {
+    /// Departed incarnations: everyone takes a dead one's streams until its
+    /// partitions are empty; then its ring successor alone looks again now
+    /// and then (for an acquire it sent just before it ended) and finally
+    /// forgets it. A LEFT one released everything itself: only the successor looks.
+    pub(super) async fn ended_candidates(
+        &mut self,
+        workers: &[FleetEntry],
+        candidates: &mut Vec<Candidate>,
+    ) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let live: Vec<Incarnation> = workers
+            .iter()
+            .filter(|w| w.state == WorkerState::Live)
+            .map(|w| w.incarnation.clone())
+            .collect();
+        for w in workers
+            .iter()
+            .filter(|w| w.state != WorkerState::Live && w.incarnation != self.me)
+        {
+            self.ended.entry(w.incarnation.clone()).or_insert(Ended {
+                first_seen: now,
+                emptied: w.state == WorkerState::Left,
+                last_scan: None,
+            });
+        }
+        self.ended
+            .retain(|inc, _| workers.iter().any(|w| &w.incarnation == inc));
+        let ended: Vec<Incarnation> = self.ended.keys().cloned().collect();
+        for inc in ended {
+            let mine = successors(&inc, &live, 1).first() == Some(&self.me);
+            let Some(e) = self.ended.get(&inc) else {
+                continue;
+            };
+            let due = !e.emptied
+                || (mine
+                    && e.last_scan
+                        .is_none_or(|t| now.duration_since(t) >= ENDED_RESCAN));
+            if !due {
+                continue;
+            }
+            let found_any = self.ended_streams(&inc, candidates).await?;
+            if let Some(e) = self.ended.get_mut(&inc) {
+                e.last_scan = Some(now);
+                if !found_any {
+                    e.emptied = true;
+                    if mine && now.duration_since(e.first_seen) >= FORGET_AFTER {
+                        let shards = self
+                            .ctx
+                            .store
+                            .worker(&inc)
+                            .await?
+                            .map_or(0, |w| w.checkpoint_shards);
+                        self.ctx.store.forget_worker(&inc, shards).await?;
+                        self.dead_checkpoints.remove(&inc);
+                        self.ended.remove(&inc);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A departed incarnation's streams: STARTED ones become candidates (with
+    /// its packed checkpoint), STOPPED ones are freed. `false` when it holds none.
+    async fn ended_streams(
+        &mut self,
+        dead: &Incarnation,
+        candidates: &mut Vec<Candidate>,
+    ) -> Result<bool, StoreError> {
+        let found = self.ctx.store.held_by(dead).await?;
+        if found.records.is_empty() && found.malformed.is_empty() {
+            return Ok(false);
+        }
+        if !self.dead_checkpoints.contains_key(dead) {
+            let checkpoints = self.ctx.store.checkpoints_of(dead).await?;
+            self.dead_checkpoints.insert(dead.clone(), checkpoints);
+        }
+        let checkpoints = self.dead_checkpoints.get(dead).cloned().unwrap_or_default();
+        let mut started = crate::lease::Found {
+            malformed: found.malformed,
+            ..Default::default()
+        };
+        for r in found.records {
+            if r.ownership() != Ownership::Owned(dead.clone()) {
+                continue; // the index lags: it has moved already
+            }
+            if r.desired_state == DesiredState::Stopped || r.is_tombstone() {
+                self.ctx.store.clear_dead_owner(&r).await?;
+            } else {
+                started.records.push(r);
+            }
+        }
+        self.take_found(started, candidates, |r| {
+            let checkpoint = checkpoints
+                .get(&r.key)
+                .filter(|c| c.token == r.lease_counter)
+                .map(|c| c.seq);
+            Some(AcquireFrom::Dead {
+                owner: dead.clone(),
+                checkpoint,
+            })
+        });
+        Ok(true)
+    }
+}

@@ -1,0 +1,93 @@
+//! Watching peers' heartbeats: which items are read each pass, the fleet
+//! view fair share is computed from, duplicate worker ids, and declaring an
+//! overdue peer dead.
+
+use super::Acquirer;
+use crate::lease::{FleetEntry, Incarnation, StoreError, WorkerState};
+use crate::worker::fleet::{FleetView, Peer};
+use crate::worker::observer::successors;
+use crate::worker::settings::PEER_SILENCE_HEARTBEATS;
+use tokio::time::Instant;
+
+/// Peers each worker reads every pass (the rest every heartbeat).
+const WATCHED_PEERS: usize = 2;
+impl Acquirer {
+    /// Reads peers' items (a few every pass, all every heartbeat), updates the
+    /// fleet view, and declares overdue peers dead.
+    pub(super) async fn watch_peers(&mut self, workers: &[FleetEntry]) -> Result<(), StoreError> {
+        let live: Vec<Incarnation> = workers
+            .iter()
+            .filter(|w| w.state == WorkerState::Live)
+            .map(|w| w.incarnation.clone())
+            .collect();
+        let draining: Vec<&Incarnation> = workers
+            .iter()
+            .filter(|w| w.draining)
+            .map(|w| &w.incarnation)
+            .collect();
+        self.observer.retain(|i| live.contains(i));
+        let now = Instant::now();
+        let full = self
+            .last_full_refresh
+            .is_none_or(|t| now.duration_since(t) >= self.ctx.settings.heartbeat_interval);
+        let to_read: Vec<Incarnation> = if full {
+            self.last_full_refresh = Some(now);
+            live.iter().filter(|i| **i != self.me).cloned().collect()
+        } else {
+            successors(&self.me, &live, WATCHED_PEERS)
+        };
+        let records = self.ctx.store.workers(&to_read).await?;
+        let now = Instant::now();
+        for r in &records {
+            self.observer.observe(r, now);
+        }
+        let silence = self.ctx.settings.heartbeat_interval * PEER_SILENCE_HEARTBEATS;
+        if full {
+            self.view = FleetView {
+                peers: records
+                    .iter()
+                    .filter(|r| r.state == WorkerState::Live && !draining.contains(&&r.incarnation))
+                    .map(|r| Peer {
+                        incarnation: r.incarnation.clone(),
+                        held: r.held,
+                        progressing: self.observer.progressing(&r.incarnation, now, silence),
+                    })
+                    .collect(),
+            };
+            self.ctx.metrics.live_workers.set(self.view.live() as i64);
+            let duplicates = records
+                .iter()
+                .filter(|r| {
+                    r.state == WorkerState::Live && r.incarnation.worker_id() == self.me.worker_id()
+                })
+                .count();
+            self.ctx.metrics.duplicate_worker_id.set(duplicates as i64);
+            if duplicates > 0 {
+                tracing::warn!(
+                    worker_id = self.me.worker_id(),
+                    others = duplicates,
+                    "another live process runs with this worker id; each keeps its own incarnation, but check the deployment"
+                );
+            }
+        } else {
+            self.view
+                .peers
+                .retain(|p| !draining.contains(&&p.incarnation));
+            for p in &mut self.view.peers {
+                p.progressing = self.observer.progressing(&p.incarnation, now, silence);
+            }
+        }
+        for (peer, version) in self.observer.overdue(now) {
+            match self.ctx.store.declare_dead(&peer, version).await? {
+                Some(WorkerState::Dead) => {
+                    self.ctx.metrics.workers_declared_dead.inc();
+                    tracing::warn!(worker = %peer, version, "peer's heartbeat stood still for a lease: declared dead");
+                }
+                state => {
+                    tracing::debug!(worker = %peer, ?state, "peer was not declared dead (it renewed or left)")
+                }
+            }
+        }
+        Ok(())
+    }
+}
