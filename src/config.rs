@@ -211,6 +211,23 @@ pub struct WorkerArgs {
     )]
     pub allow_hosts: Vec<String>,
 
+    /// Hosts HTTP sinks may be sent to (same syntax as --allow-hosts). Apart
+    /// from upstreams because they are usually inside the platform's own
+    /// network while upstreams are outside it.
+    #[arg(
+        long,
+        env = "TETHER_ALLOW_SINK_HOSTS",
+        value_delimiter = ',',
+        default_value = "*"
+    )]
+    pub allow_sink_hosts: Vec<String>,
+
+    /// Networks neither upstreams nor sinks may reach unless the host is
+    /// listed by its exact name (comma-separated CIDRs; the chart sets the
+    /// cluster's service and pod networks).
+    #[arg(long, env = "TETHER_DENY_CIDRS", value_delimiter = ',')]
+    pub deny_cidrs: Vec<ipnet::IpNet>,
+
     /// Extra CA certificates (PEM) trusted for `wss://` upstreams, in addition to
     /// the Mozilla roots. Verification itself cannot be turned off.
     #[arg(long, env = "TETHER_CA_FILE")]

@@ -218,7 +218,8 @@ pub struct HeaderValueSource {
     /// A key of a Secret in the stream's namespace (Kubernetes mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_key_ref: Option<SecretKeyRef>,
-    /// An environment variable of the worker process (standalone mode).
+    /// An environment variable of the worker process (standalone mode only:
+    /// refused in Kubernetes mode, where it would expose the operator's environment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(r"^[A-Za-z_][A-Za-z0-9_]*$"))]
     pub env: Option<String>,
@@ -421,6 +422,26 @@ impl StreamConnectionSpec {
         ] {
             if !(1024..=64 * 1024 * 1024).contains(&value) {
                 errors.push(err(field, "must be between 1024 and 67108864"));
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// [`Self::validate`], plus what a resource in a cluster may not use:
+    /// `valueFrom.env` would read the operator's own environment (its cloud
+    /// credentials, for one) and send it to whatever host the resource names.
+    pub fn validate_in_cluster(&self) -> Result<(), Vec<FieldError>> {
+        let mut errors = self.validate().err().unwrap_or_default();
+        for (i, h) in self.headers.iter().enumerate() {
+            if h.value_from.env.is_some() {
+                errors.push(err(
+                    &format!("spec.headers[{i}].valueFrom.env"),
+                    "not available to resources in Kubernetes mode (it would read the operator's own environment); use secretKeyRef",
+                ));
             }
         }
         if errors.is_empty() {

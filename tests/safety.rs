@@ -10,7 +10,7 @@ use nix::sys::signal::Signal;
 use std::collections::HashSet;
 use std::time::Duration;
 use tether::lease::{DeleteOutcome, Ownership};
-use tether_testkit::bed::{Bed, BedOptions, loopback};
+use tether_testkit::bed::{Bed, BedOptions, eventually, loopback};
 use tether_testkit::dynamo_proxy::{DynamoFault, DynamoFaultProxy};
 use tether_testkit::fleet::metric_value;
 use tether_testkit::sink::SinkFault;
@@ -20,14 +20,6 @@ const EXE: &str = env!("CARGO_BIN_EXE_tether");
 
 async fn bed() -> Bed {
     Bed::start(EXE, BedOptions::default()).await.unwrap()
-}
-
-async fn eventually<F, Fut>(limit: Duration, what: &str, check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    Bed::wait(limit, what, check).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

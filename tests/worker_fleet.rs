@@ -7,7 +7,7 @@ use nix::sys::signal::Signal;
 use std::time::Duration;
 use tether::crd::{DesiredStateSpec, LimitsSpec};
 use tether::lease::{DesiredState, Ownership, Phase, StreamKey};
-use tether_testkit::bed::{Bed, BedOptions, loopback};
+use tether_testkit::bed::{Bed, BedOptions, eventually, loopback};
 use tether_testkit::fixtures::http_spec;
 use tether_testkit::fleet::{WorkerProcess, metric_value};
 use tether_testkit::proxy::{FaultProxy, ProxyMode};
@@ -21,14 +21,6 @@ const EXE: &str = env!("CARGO_BIN_EXE_tether");
 
 async fn bed() -> Bed {
     Bed::start(EXE, BedOptions::default()).await.unwrap()
-}
-
-async fn eventually<F, Fut>(limit: Duration, what: &str, check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    Bed::wait(limit, what, check).await.unwrap();
 }
 
 /// Waits until `victim` (started alone with `--no-rebalance`, so it keeps what
@@ -371,7 +363,7 @@ async fn stopping_closes_and_releases_and_starting_again_resumes_without_gaps() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_upstreams_are_reported_and_retried_without_disturbing_good_streams() {
+async fn bad_upstreams_and_forbidden_sinks_are_reported_without_disturbing_good_streams() {
     let bed = bed().await;
     let faulty = FaultyUpstream::start(loopback()).await.unwrap();
     let sink = bed.sink_proxy.url();
@@ -397,6 +389,15 @@ async fn bad_upstreams_are_reported_and_retried_without_disturbing_good_streams(
     faulty.set("rejected", Misbehavior::Reject);
     apply("rejected", faulty.url("rejected")).await;
     apply("metadata", "ws://169.254.169.254/latest".into()).await;
+    // A good upstream whose sink is the metadata service: refused before
+    // anything is read, so nothing is ever POSTed there.
+    let to_metadata = http_spec(
+        &bed.upstream.url("to-metadata"),
+        "http://169.254.169.254/latest/meta-data/",
+    );
+    bed.apply_spec("to-metadata", &to_metadata, 1)
+        .await
+        .unwrap();
 
     let worker = bed.fleet.spawn("w").unwrap();
     let status_of = |name: &'static str| {
@@ -426,7 +427,11 @@ async fn bad_upstreams_are_reported_and_retried_without_disturbing_good_streams(
             let tls = status_of("tls").await;
             let metadata = status_of("metadata").await;
             let rejected = status_of("rejected").await;
-            unreachable.0 == Phase::Backoff
+            let to_metadata = status_of("to-metadata").await;
+            to_metadata.0 == Phase::Failed
+                && to_metadata.1 == "SinkNotAllowed"
+                && to_metadata.2.contains("169.254.169.254")
+                && unreachable.0 == Phase::Backoff
                 && unreachable.1 == "ConnectFailed"
                 && tls.1 == "TLSError"
                 && rejected.0 == Phase::Backoff
@@ -437,7 +442,14 @@ async fn bad_upstreams_are_reported_and_retried_without_disturbing_good_streams(
     )
     .await;
     let metrics = worker.metrics().await.unwrap();
-    for kind in ["malformed", "too_large", "connect", "tls", "host_policy"] {
+    for kind in [
+        "malformed",
+        "too_large",
+        "connect",
+        "tls",
+        "host_policy",
+        "sink_policy",
+    ] {
         let line = format!("tether_session_errors_total{{kind=\"{kind}\"}}");
         assert!(metrics.contains(&line), "missing {line} in\n{metrics}");
     }

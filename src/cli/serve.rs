@@ -53,7 +53,8 @@ pub async fn worker(
         settings,
         open.store.clone(),
         metrics.worker.clone(),
-        HostPolicy::new(args.allow_hosts.clone()),
+        HostPolicy::new(args.allow_hosts.clone()).deny(&args.deny_cidrs),
+        HostPolicy::new(args.allow_sink_hosts.clone()).deny(&args.deny_cidrs),
         secrets,
         pod,
     )?);

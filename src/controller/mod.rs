@@ -147,7 +147,7 @@ fn resource_of(obj: &StreamConnection) -> Option<ResourceIdentity> {
 async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
     let key = StreamKey::new(obj.namespace().unwrap_or_default(), obj.name_any());
     lock(&ctx.failures).remove(&key.to_string());
-    if let Err(errors) = obj.spec.validate() {
+    if let Err(errors) = obj.spec.validate_in_cluster() {
         let message = errors
             .iter()
             .map(ToString::to_string)

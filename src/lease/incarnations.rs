@@ -113,9 +113,12 @@ impl LeaseStore {
                 self.record_capacity("register", o.consumed_capacity());
                 Ok(())
             }
-            // A retry of a put that landed: the item is ours if it is ours.
+            // A retry (here or by the caller, with a later clock) of a put
+            // that landed: 64 random bits drawn by this process mean nobody
+            // else writes this item, so it is ours. If a lease passed and it
+            // was declared dead meanwhile, the first renewal finds out.
             Err(ConditionFailed) => match self.worker(me).await? {
-                Some(w) if w.started_at_ms == now => Ok(()),
+                Some(w) if w.incarnation == *me => Ok(()),
                 _ => Err(StoreError::Rejected {
                     operation: "register",
                     detail: format!("incarnation {me} already exists"),

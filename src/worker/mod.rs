@@ -67,6 +67,8 @@ pub struct WorkerCtx {
     pub metrics: Arc<WorkerMetrics>,
     pub dialer: Dialer,
     pub http: reqwest::Client,
+    /// Where HTTP sinks may be sent (also enforced by `http`'s resolver).
+    pub sink_policy: policy::HostPolicy,
     /// This process's pod, in Kubernetes (container-restart proof).
     pub pod: Option<PodLookup>,
     /// What a held stream runs (WebSocket sessions).
@@ -79,10 +81,12 @@ impl WorkerCtx {
         store: LeaseStore,
         metrics: Arc<WorkerMetrics>,
         policy: policy::HostPolicy,
+        sink_policy: policy::HostPolicy,
         secrets: secrets::SecretSource,
         pod: Option<PodLookup>,
     ) -> Result<Self, WorkerError> {
         let http = reqwest::Client::builder()
+            .dns_resolver(Arc::new(policy::PolicyResolver(sink_policy.clone())))
             .connect_timeout(HTTP_CONNECT_TIMEOUT)
             .pool_idle_timeout(HTTP_IDLE_TIMEOUT)
             .build()
@@ -95,6 +99,7 @@ impl WorkerCtx {
                 secrets,
             },
             http,
+            sink_policy,
             settings,
             store,
             metrics,
@@ -200,6 +205,7 @@ async fn incarnation(
     let deps = SessionDeps {
         dialer: ctx.dialer.clone(),
         http: ctx.http.clone(),
+        sink_policy: ctx.sink_policy.clone(),
         metrics: ctx.metrics.clone(),
         fence: fence.clone(),
     };

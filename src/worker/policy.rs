@@ -1,6 +1,9 @@
-//! Which hosts a stream may dial. Checked after DNS resolution, against the
-//! addresses actually dialled, so a hostname that resolves to the cloud metadata
-//! service is refused just like the literal address.
+//! Which hosts a stream may dial, and which hosts its sink may be sent to.
+//! Checked after DNS resolution, against the addresses actually dialled, so a
+//! hostname that resolves to the cloud metadata service is refused just like
+//! the literal address. The sink's HTTP client resolves every name through
+//! [`PolicyResolver`], so a name that changes its answer after the session's
+//! first check (DNS rebinding) is still refused.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use thiserror::Error;
@@ -37,10 +40,13 @@ impl PolicyError {
 }
 
 /// `--allow-hosts`: `*` (anything not forbidden), `*.example.com` (subdomains),
-/// or an exact host name or address.
+/// or an exact host name or address. Forbidden unless a host is listed by its
+/// exact name: link-local and metadata addresses, and the `--deny-cidrs`
+/// networks (in a cluster: the service and pod networks).
 #[derive(Clone, Debug)]
 pub struct HostPolicy {
     patterns: Vec<String>,
+    denied: Vec<ipnet::IpNet>,
 }
 
 impl HostPolicy {
@@ -51,7 +57,28 @@ impl HostPolicy {
                 .map(|p| p.into().trim().to_ascii_lowercase())
                 .filter(|p| !p.is_empty())
                 .collect(),
+            denied: Vec::new(),
         }
+    }
+
+    /// Also refuses addresses in `networks` unless the host is listed exactly.
+    pub fn deny(mut self, networks: &[ipnet::IpNet]) -> Self {
+        self.denied.extend_from_slice(networks);
+        self
+    }
+
+    /// Why this policy refuses `ip` by default, if it does.
+    fn refusal(&self, ip: IpAddr) -> Option<&'static str> {
+        forbidden(ip).or_else(|| {
+            let ip = match ip {
+                IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+                v4 => v4,
+            };
+            self.denied
+                .iter()
+                .any(|n| n.contains(&ip))
+                .then_some("in a network listed in --deny-cidrs")
+        })
     }
 
     fn matches(&self, host: &str) -> bool {
@@ -105,7 +132,7 @@ impl HostPolicy {
         let mut refused = None;
         let allowed: Vec<SocketAddr> = addrs
             .into_iter()
-            .filter(|a| match forbidden(a.ip()) {
+            .filter(|a| match self.refusal(a.ip()) {
                 Some(why) if !explicit => {
                     refused.get_or_insert((a.ip(), why));
                     false
@@ -125,6 +152,23 @@ impl HostPolicy {
             }),
             _ => Ok(allowed),
         }
+    }
+}
+
+/// Resolves the sink HTTP client's host names through a [`HostPolicy`].
+pub struct PolicyResolver(pub HostPolicy);
+
+impl reqwest::dns::Resolve for PolicyResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let policy = self.0.clone();
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            // The port is reqwest's to choose: it replaces the one given here.
+            let url = Url::parse(&format!("http://{host}/"))
+                .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)?;
+            let addrs = policy.resolve(&url).await.map_err(Box::new)?;
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
     }
 }
 
@@ -156,6 +200,23 @@ mod tests {
 
     fn url(s: &str) -> Url {
         Url::parse(s).unwrap()
+    }
+
+    #[tokio::test]
+    async fn denied_networks_are_refused_unless_the_host_is_listed_exactly() {
+        let nets: Vec<ipnet::IpNet> = vec!["10.96.0.0/12".parse().unwrap()];
+        let policy = HostPolicy::new(["*"]).deny(&nets);
+        assert!(matches!(
+            policy.resolve(&url("http://10.100.0.1/")).await,
+            Err(PolicyError::Forbidden { .. })
+        ));
+        assert!(matches!(
+            policy.resolve(&url("http://[::ffff:10.100.0.1]/")).await,
+            Err(PolicyError::Forbidden { .. })
+        ));
+        assert!(policy.resolve(&url("http://10.200.0.1/")).await.is_ok());
+        let listed = HostPolicy::new(["*", "10.100.0.1"]).deny(&nets);
+        assert!(listed.resolve(&url("http://10.100.0.1/")).await.is_ok());
     }
 
     #[tokio::test]

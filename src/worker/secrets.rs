@@ -7,7 +7,8 @@ use k8s_openapi::api::core::v1::Secret;
 /// Where header references are resolved.
 #[derive(Clone)]
 pub enum SecretSource {
-    /// Standalone workers: only `env` references work.
+    /// Standalone workers: only `env` references work (the operator of a
+    /// standalone fleet writes every stream, so its environment is theirs).
     Standalone,
     /// `tether operator`: `secretKeyRef` reads a Secret in the stream's namespace.
     Kubernetes(kube::Client),
@@ -22,6 +23,13 @@ impl SecretSource {
         source: &HeaderValueSource,
     ) -> Result<String, String> {
         if let Some(var) = &source.env {
+            if let Self::Kubernetes(_) = self {
+                // The controller refuses such resources; an item written into
+                // a shared table by `tether apply` must not get around it.
+                return Err(format!(
+                    "valueFrom.env ({var}) is refused in Kubernetes mode: it would read the operator's own environment; use secretKeyRef"
+                ));
+            }
             return std::env::var(var)
                 .map_err(|_| format!("environment variable {var} is not set on the worker"));
         }
@@ -54,5 +62,32 @@ impl SecretSource {
                 sel.name, sel.key
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn kubernetes_mode_never_reads_the_operators_environment() {
+        // PATH is set in every test process: standalone mode reads it.
+        let (service, _handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let source = SecretSource::Kubernetes(kube::Client::new(service, "default"));
+        let reference = HeaderValueSource {
+            env: Some("PATH".into()),
+            secret_key_ref: None,
+        };
+        let refused = source.resolve("tenant", &reference).await.unwrap_err();
+        assert!(refused.contains("refused in Kubernetes mode"), "{refused}");
+        assert!(
+            SecretSource::Standalone
+                .resolve("tenant", &reference)
+                .await
+                .is_ok()
+        );
     }
 }

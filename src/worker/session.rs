@@ -8,6 +8,7 @@
 
 use super::delivery::{Delivery, Undelivered};
 use super::fence::Fence;
+use super::policy::HostPolicy;
 use super::progress::StreamProgress;
 use super::transport::{CONNECT_TIMEOUT, ConnectError, Dialer, Ws, resume_url};
 use crate::crd::StreamConnectionSpec;
@@ -52,6 +53,7 @@ pub struct SessionConfig {
 pub struct SessionDeps {
     pub dialer: Dialer,
     pub http: reqwest::Client,
+    pub sink_policy: HostPolicy,
     pub metrics: Arc<WorkerMetrics>,
     pub fence: Arc<Fence>,
 }
@@ -146,6 +148,20 @@ pub async fn run(
     deps: SessionDeps,
     ctl: SessionControl,
 ) -> SessionEnd {
+    if let Err(message) = sink_allowed(&cfg.spec, &deps.sink_policy).await {
+        deps.metrics
+            .session_errors
+            .get_or_create(&[("kind", "sink_policy")])
+            .inc();
+        tracing::warn!(stream = %cfg.key, %message, "sink refused by host policy; not connecting");
+        progress.update_status(|s| {
+            s.phase = Phase::Failed;
+            s.reason = Some("SinkNotAllowed".into());
+            s.message = Some(message.clone());
+            s.connected_since_ms = None;
+        });
+        return SessionEnd::Failed(message);
+    }
     let sink = Sink::from_spec(&cfg.spec.sink, &deps.http);
     let mut attempt = 0u32;
     loop {
@@ -229,6 +245,20 @@ pub async fn run(
             _ = ctl.stop.cancelled() => return SessionEnd::Stopped,
             _ = deps.fence.closed() => return SessionEnd::Fenced,
         }
+    }
+}
+
+/// Refuses an HTTP sink the policy forbids, before anything is read for it.
+/// Only permanent refusals count: a name that does not resolve yet is the
+/// delivery path's to retry (its resolver applies the same policy).
+async fn sink_allowed(spec: &StreamConnectionSpec, policy: &HostPolicy) -> Result<(), String> {
+    let Some(http) = &spec.sink.http else {
+        return Ok(());
+    };
+    let url = url::Url::parse(&http.url).map_err(|e| format!("sink URL: {e}"))?;
+    match policy.resolve(&url).await {
+        Err(e) if e.is_permanent() => Err(format!("sink {}: {e}", http.url)),
+        _ => Ok(()),
     }
 }
 

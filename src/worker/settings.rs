@@ -68,6 +68,8 @@ impl WorkerSettings {
             metrics_addr: _,
             drain_timeout,
             allow_hosts: _,
+            allow_sink_hosts: _,
+            deny_cidrs: _,
             no_rebalance,
             status_refresh: _,
             ca_file,

@@ -313,3 +313,14 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
+
+/// [`Bed::wait`] for tests: panics with `what` after `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    if let Err(e) = Bed::wait(limit, what, check).await {
+        panic!("{e}");
+    }
+}

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use std::time::Duration;
 use tether_testkit::bed::{Bed, loopback};
 use tether_testkit::capacity::CapacityModel;
+use tether_testkit::fleet::{WorkerProcess, metric_sum};
 use tether_testkit::store::endpoint;
 use tokio::time::Instant;
 
@@ -60,7 +61,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
     for (case, result) in cases.iter().zip(results) {
         let result = result.map_err(|e| e.context(case.label()))?;
         println!(
-            "cost  {:<11} {:>3}/worker {:<6} {:>7.1} WRU/stream-hour {:>8.1} RRU/stream-hour  hottest key {:.1} WCU/s  (${:.0}/month for 10,000 streams)",
+            "cost  {:<11} {:>3}/worker {:<6} {:>7.1} WRU/stream-hour {:>8.1} RRU/stream-hour  hottest key {:.1} WCU/s  (${:.0}/month for 10,000 streams; {} ownership changes in the window)",
             case.design.name(),
             case.per_worker,
             if case.rate == 0 { "idle" } else { "active" },
@@ -68,6 +69,9 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
             result["rru_per_stream_hour"].as_f64().unwrap_or(0.0),
             result["hottest_write_units_per_s"].as_f64().unwrap_or(0.0),
             result["monthly_usd_10000_streams"].as_f64().unwrap_or(0.0),
+            result["ownership_changes_in_window"]
+                .as_f64()
+                .unwrap_or(0.0),
         );
         out.insert(case.label(), result);
     }
@@ -98,12 +102,16 @@ async fn one(ctx: &Ctx, case: Case) -> anyhow::Result<Value> {
         bed.connected_once(&names)
     })
     .await?;
-    // Settled: balanced, statuses written, checkpoints flowing.
-    tokio::time::sleep(heartbeat * 3).await;
+    // Settled: no acquire or release for three heartbeats (fair share done),
+    // statuses written, checkpoints flowing. Churn inside the window is
+    // reported, not hidden.
+    let settled = settle(&workers, heartbeat * 3, limit).await?;
     model.reset();
+    let before = ownership_changes(&workers).await?;
     let t0 = Instant::now();
     tokio::time::sleep(ctx.profile.cost_window).await;
     let report = model.report();
+    let churn = ownership_changes(&workers).await? - before;
     let hours = t0.elapsed().as_secs_f64() / 3600.0;
     // Where the write units went, by operation, as the workers counted them
     // (whole run, not only the window).
@@ -142,9 +150,45 @@ async fn one(ctx: &Ctx, case: Case) -> anyhow::Result<Value> {
         "read_units": report.read_units,
         "hottest_write_key": report.hottest_write_key,
         "write_units_by_operation_whole_run": by_operation,
+        "settle_s": settled.as_secs_f64(),
+        "ownership_changes_in_window": churn,
         "hottest_write_units_per_s": report.hottest_write_units_per_s,
         "monthly_usd_10000_streams": (monthly(wru, PRICE_PER_MILLION_WRU, 10_000.0) + monthly(rru, PRICE_PER_MILLION_RRU, 10_000.0)).round(),
         "monthly_usd_writes_10000_streams": monthly(wru, PRICE_PER_MILLION_WRU, 10_000.0).round(),
         "monthly_usd_reads_10000_streams": monthly(rru, PRICE_PER_MILLION_RRU, 10_000.0).round(),
     }))
+}
+
+/// Acquires and releases made so far, fleet-wide, whatever their result.
+async fn ownership_changes(workers: &[WorkerProcess]) -> anyhow::Result<f64> {
+    let mut total = 0.0;
+    for w in workers {
+        let text = w.metrics().await.map_err(anyhow::Error::msg)?;
+        total += metric_sum(&text, "tether_lease_acquires_total", "")
+            + metric_sum(&text, "tether_lease_releases_total", "");
+    }
+    Ok(total)
+}
+
+/// Waits until no acquire or release happened for `quiet`; how long that took.
+async fn settle(
+    workers: &[WorkerProcess],
+    quiet: Duration,
+    limit: Duration,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let mut last = ownership_changes(workers).await?;
+    let mut since = Instant::now();
+    while since.elapsed() < quiet {
+        if started.elapsed() > limit {
+            anyhow::bail!("ownership still changing after {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = ownership_changes(workers).await?;
+        if now != last {
+            last = now;
+            since = Instant::now();
+        }
+    }
+    Ok(started.elapsed())
 }

@@ -164,28 +164,47 @@ async fn main() -> anyhow::Result<()> {
     println!("tether benchmarks, profile {}", ctx.profile.name);
     if all || which == "failover" {
         results.insert("failover".into(), failover::run(&ctx).await?);
+        save(&ctx, &results, started, &which)?;
     }
     if all || which == "restart" {
         results.insert("container_restart".into(), restart::run(&ctx).await?);
+        save(&ctx, &results, started, &which)?;
     }
     if all || which == "rolling" {
         results.insert("rolling_restart".into(), rolling::run(&ctx).await?);
+        save(&ctx, &results, started, &which)?;
     }
     if all || which == "chaos" {
         results.insert("chaos".into(), rolling::chaos(&ctx).await?);
+        save(&ctx, &results, started, &which)?;
     }
     if all || which == "cost" {
         results.insert("dynamodb_cost".into(), cost::run(&ctx).await?);
+        save(&ctx, &results, started, &which)?;
     }
     if all || which == "scale" {
         results.insert("scale".into(), scale::run(&ctx).await?);
+        save(&ctx, &results, started, &which)?;
     }
     if all || which == "sessions" {
         results.insert("sessions_per_worker".into(), sessions::run(&ctx).await?);
+        save(&ctx, &results, started, &which)?;
     }
     if all || which == "throughput" {
         results.insert("throughput".into(), throughput::run(&ctx).await?);
+        save(&ctx, &results, started, &which)?;
     }
+    Ok(())
+}
+
+/// Writes what has been measured so far, after every figure: a run cut short
+/// (or one figure failing) keeps the figures before it.
+fn save(
+    ctx: &Ctx,
+    results: &serde_json::Map<String, Value>,
+    started: Instant,
+    which: &str,
+) -> anyhow::Result<()> {
     let report = json!({
         "profile": ctx.profile.name,
         "parameters": {
@@ -198,10 +217,9 @@ async fn main() -> anyhow::Result<()> {
         },
         "machine": report::machine(),
         "wall_time_s": started.elapsed().as_secs_f64(),
-        "results": Value::Object(results),
+        "results": Value::Object(results.clone()),
     });
-    report::write(&report, &which)?;
-    Ok(())
+    report::write(&report, which)
 }
 
 fn raise_fd_limit() {

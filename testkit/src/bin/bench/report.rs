@@ -138,7 +138,7 @@ fn markdown(r: &Value) -> String {
         ));
     }
     if let Some(c) = res.get("dynamodb_cost").and_then(Value::as_object) {
-        md.push_str("## DynamoDB cost at steady state (capacity model meter; 2 workers; 1 message/s per stream unless idle)\n\n| design | streams per worker | write units per stream-hour | read units per stream-hour | read units per worker-hour | hottest key WCU/s | $/month for 10,000 streams |\n|---|---|---|---|---|---|---|\n");
+        md.push_str("## DynamoDB cost at steady state (capacity model meter; 2 workers; 1 message/s per stream unless idle)\n\n| design | streams per worker | write units per stream-hour | read units per stream-hour | read units per worker-hour | hottest key WCU/s | $/month for 10,000 streams | acquires + releases in the window |\n|---|---|---|---|---|---|---|---|\n");
         for (label, x) in c.iter().filter(|(k, _)| *k != "prices") {
             let design = DESIGNS
                 .iter()
@@ -151,13 +151,14 @@ fn markdown(r: &Value) -> String {
                 ""
             };
             md.push_str(&format!(
-                "| {design}{idle} | {} | {} | {} | {} | {} | {} |\n",
+                "| {design}{idle} | {} | {} | {} | {} | {} | {} | {} |\n",
                 x["streams"].as_u64().unwrap_or(0) / x["workers"].as_u64().unwrap_or(1),
                 f(&x["wru_per_stream_hour"]),
                 f(&x["rru_per_stream_hour"]),
                 f(&x["rru_per_worker_hour"]),
                 f(&x["hottest_write_units_per_s"]),
-                f(&x["monthly_usd_10000_streams"])
+                f(&x["monthly_usd_10000_streams"]),
+                f(&x["ownership_changes_in_window"])
             ));
         }
         md.push('\n');

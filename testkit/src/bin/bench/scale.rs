@@ -126,6 +126,7 @@ async fn tether_run(ctx: &Ctx) -> anyhow::Result<Value> {
             store,
             metrics.clone(),
             HostPolicy::new(["*"]),
+            HostPolicy::new(["*"]),
             SecretSource::Standalone,
             None,
         )?
@@ -146,6 +147,10 @@ async fn tether_run(ctx: &Ctx) -> anyhow::Result<Value> {
             t0.elapsed() < acquire_limit,
             "only {} of {n} acquired in {acquire_limit:?}",
             held(&workers)
+        );
+        anyhow::ensure!(
+            workers.iter().all(|w| !w.task.is_finished()),
+            "a simulated worker stopped (its error is printed above)"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -211,6 +216,10 @@ async fn tether_run(ctx: &Ctx) -> anyhow::Result<Value> {
             t1.elapsed() < acquire_limit,
             "only {} of {n} owned again",
             held(&workers)
+        );
+        anyhow::ensure!(
+            workers.iter().all(|w| !w.task.is_finished()),
+            "a simulated worker stopped (its error is printed above)"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
