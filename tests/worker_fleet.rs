@@ -210,6 +210,39 @@ async fn a_worker_cut_off_from_dynamodb_closes_its_sessions_before_others_take_t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_started_while_dynamodb_is_unreachable_waits_not_ready_then_serves() {
+    let bed = bed().await;
+    let names = bed.apply("s", 3).await.unwrap();
+    let store_addr = endpoint().0.trim_start_matches("http://").parse().unwrap();
+    let proxy = FaultProxy::start(loopback(), store_addr).await.unwrap();
+    proxy.set_mode(ProxyMode::Blackhole);
+    let mut worker = bed
+        .fleet
+        .spawn_with("late", &proxy.endpoint(), &[])
+        .unwrap();
+    // Longer than a store call's deadline: it must still be running, not ready.
+    eventually(
+        Duration::from_secs(10),
+        "the waiting worker reports not ready",
+        || async { worker.get("/readyz").await.map(|(status, _)| status) == Ok(503) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        worker.wait(Duration::from_millis(10)).await.is_err(),
+        "the worker exited instead of waiting for DynamoDB:\n{}",
+        worker.log()
+    );
+    proxy.set_mode(ProxyMode::Pass);
+    eventually(
+        Duration::from_secs(20),
+        "every stream served once DynamoDB answers",
+        || async { bed.all_connected_once(&names).await },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_worker_wakes_up_fenced_and_delivers_nothing_stale() {
     let mut bed = bed().await;
     // The feed drops silent clients after ~3-4 s; a 6 s lease lets it do so

@@ -39,7 +39,9 @@ pub async fn worker(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     let settings = WorkerSettings::from_args(&args)?;
-    open.store.check_table().await?;
+    // The table is checked by the worker itself, which waits (not ready)
+    // while DynamoDB does not answer and fails clearly when the table is
+    // missing; the metrics server is up meanwhile for the probes.
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;

@@ -129,13 +129,27 @@ pub async fn run(
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), WorkerError> {
-    let layout = ctx.store.check_table().await?;
+    let mut shutdown: Shutdown = Box::pin(shutdown);
+    // A worker started while DynamoDB is busy or briefly unreachable waits
+    // (not ready) instead of exiting; a missing table is still an error.
+    let layout = loop {
+        match ctx.store.check_table().await {
+            Ok(layout) => break layout,
+            Err(e @ (StoreError::Unreachable { .. } | StoreError::Throttled { .. })) => {
+                tracing::warn!(error = %e, "cannot read the table yet; retrying");
+                tokio::select! {
+                    _ = sleep(REGISTER_RETRY) => {}
+                    _ = shutdown.as_mut() => return Ok(()),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     if layout.legacy_index {
         tracing::info!(
             "version 1's index is present: also taking over version-1 leases (rolling upgrade)"
         );
     }
-    let mut shutdown: Shutdown = Box::pin(shutdown);
     loop {
         match incarnation(ctx.clone(), &health, layout.legacy_index, &mut shutdown).await? {
             Ended::Shutdown => return Ok(()),
