@@ -100,9 +100,11 @@ async fn sigterm_in_a_dynamodb_brownout_with_a_slow_sink_ends_every_session_by_t
     .await;
     let _peer = bed.fleet.spawn("peer").unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    // Every POST now takes 4 s, and the victim cannot reach DynamoDB.
-    bed.sink_proxy.set(SinkFault::Slow(Duration::from_secs(4)));
+    // Every POST now takes far longer than the lease, and the victim cannot
+    // reach DynamoDB: only the fence can end its last batch in time.
+    bed.sink_proxy.set(SinkFault::Slow(Duration::from_secs(10)));
     proxy.set(DynamoFault::Blackhole);
+    let fence_closed_by = tokio::time::Instant::now() + bed.fleet.workers.lease_duration;
     victim.signal(Signal::SIGTERM).unwrap();
     eventually(
         Duration::from_secs(30),
@@ -117,6 +119,18 @@ async fn sigterm_in_a_dynamodb_brownout_with_a_slow_sink_ends_every_session_by_t
     let _ = victim.wait(Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     bed.assert_safe(&names, 5);
+    // The victim's last batches were in flight when its renewals stopped: the
+    // fence must have cut them, so none reached the sink after it closed
+    // (a POST left running would arrive 10 s later, after the peer took over).
+    for name in &names {
+        for (arrived, token, worker) in bed.log(name).batches {
+            assert!(
+                !worker.starts_with("victim") || arrived <= fence_closed_by,
+                "{name}: the victim's batch (token {token}) reached the sink {:?} after its fence closed",
+                arrived - fence_closed_by
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
