@@ -82,7 +82,16 @@ async fn sigterm_in_a_dynamodb_brownout_with_a_slow_sink_ends_every_session_by_t
     let mut bed = bed().await;
     // A drain longer than the lease: draining must not outlive the fence.
     bed.fleet.workers.drain_timeout = Duration::from_secs(20);
-    let names = bed.apply("s", 6).await.unwrap();
+    // A sink timeout far longer than the lease too: only the fence can cut a
+    // POST short.
+    let names = tether_testkit::bed::names("s", 6);
+    for name in &names {
+        let mut spec = bed.spec(name);
+        if let Some(http) = spec.sink.http.as_mut() {
+            http.timeout_seconds = 60;
+        }
+        bed.apply_spec(name, &spec, 1).await.unwrap();
+    }
     let proxy = DynamoFaultProxy::start(loopback(), &endpoint().0)
         .await
         .unwrap();
@@ -118,6 +127,7 @@ async fn sigterm_in_a_dynamodb_brownout_with_a_slow_sink_ends_every_session_by_t
     proxy.set(DynamoFault::Pass);
     let _ = victim.wait(Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!("VICTIMLOG\n{}", victim.log());
     bed.assert_safe(&names, 5);
     // The victim's last batches were in flight when its renewals stopped: the
     // fence must have cut them, so none reached the sink after it closed

@@ -486,10 +486,12 @@ async fn bad_upstreams_and_forbidden_sinks_are_reported_without_disturbing_good_
         let line = format!("tether_session_errors_total{{kind=\"{kind}\"}}");
         assert!(metrics.contains(&line), "missing {line} in\n{metrics}");
     }
-    assert!(
-        faulty.sessions("malformed") >= 2,
-        "malformed sessions are retried"
-    );
+    eventually(
+        Duration::from_secs(15),
+        "malformed sessions are retried",
+        || async { faulty.sessions("malformed") >= 2 },
+    )
+    .await;
     // Never dialled: the metadata host is refused before any connection.
     assert!(worker.log().contains("refused by host policy"));
     let before = bed.max_seqs(&good);
