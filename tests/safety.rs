@@ -127,7 +127,6 @@ async fn sigterm_in_a_dynamodb_brownout_with_a_slow_sink_ends_every_session_by_t
     proxy.set(DynamoFault::Pass);
     let _ = victim.wait(Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    eprintln!("VICTIMLOG\n{}", victim.log());
     bed.assert_safe(&names, 5);
     // The victim's last batches were in flight when its renewals stopped: the
     // fence must have cut them, so none reached the sink after it closed
