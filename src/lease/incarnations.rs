@@ -422,15 +422,35 @@ impl LeaseStore {
     /// Records that this incarnation just released streams: the attribute is
     /// in the fleet query, so peers scan for orphans on their next pass.
     pub async fn mark_released(&self, me: &Incarnation) -> Result<(), StoreError> {
+        self.stamp_live(me, "mark_released", attr::RELEASED_AT_MS)
+            .await
+    }
+
+    /// Announces that this incarnation is draining: peers stop counting it in
+    /// the fair share before its streams arrive, so they take them at once.
+    pub async fn mark_draining(&self, me: &Incarnation) -> Result<(), StoreError> {
+        self.stamp_live(me, "mark_draining", attr::DRAINING_AT_MS)
+            .await
+    }
+
+    /// Sets `attribute` to now on this incarnation's item while it is LIVE
+    /// (an announcement; a lost condition means it is not LIVE and is moot).
+    async fn stamp_live(
+        &self,
+        me: &Incarnation,
+        operation: &'static str,
+        attribute: &'static str,
+    ) -> Result<(), StoreError> {
         let pk = me.pk();
         let out = self
-            .call("mark_released", Some(&pk), || {
+            .call(operation, Some(&pk), || {
                 self.client
                     .update_item()
                     .table_name(&self.table)
                     .key(attr::PK, s(&pk))
-                    .update_expression("SET released_at_ms = :now")
+                    .update_expression("SET #stamp = :now")
                     .condition_expression("worker_state = :live")
+                    .expression_attribute_names("#stamp", attribute)
                     .expression_attribute_values(":now", n(now_ms()))
                     .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
                     .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
@@ -438,28 +458,8 @@ impl LeaseStore {
             })
             .await?;
         if let Ok(o) = out {
-            self.record_capacity("mark_released", o.consumed_capacity());
+            self.record_capacity(operation, o.consumed_capacity());
         }
-        Ok(())
-    }
-
-    /// Announces that this incarnation is draining: peers stop counting it in
-    /// the fair share before its streams arrive, so they take them at once.
-    pub async fn mark_draining(&self, me: &Incarnation) -> Result<(), StoreError> {
-        let pk = me.pk();
-        self.call("mark_draining", Some(&pk), || {
-            self.client
-                .update_item()
-                .table_name(&self.table)
-                .key(attr::PK, s(&pk))
-                .update_expression("SET draining_at_ms = :now")
-                .condition_expression("worker_state = :live")
-                .expression_attribute_values(":now", n(now_ms()))
-                .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
-                .send()
-        })
-        .await?
-        .ok();
         Ok(())
     }
 

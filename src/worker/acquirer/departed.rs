@@ -34,11 +34,7 @@ impl Acquirer {
         candidates: &mut Vec<Candidate>,
     ) -> Result<(), StoreError> {
         let now = Instant::now();
-        let live: Vec<Incarnation> = workers
-            .iter()
-            .filter(|w| w.state == WorkerState::Live)
-            .map(|w| w.incarnation.clone())
-            .collect();
+        let live = super::live_incarnations(workers);
         for w in workers
             .iter()
             .filter(|w| w.state != WorkerState::Live && w.incarnation != self.me)

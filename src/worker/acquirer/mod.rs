@@ -31,6 +31,15 @@ use futures::StreamExt;
 use rand::seq::SliceRandom;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+
+/// The LIVE incarnations of a fleet query.
+fn live_incarnations(workers: &[FleetEntry]) -> Vec<Incarnation> {
+    workers
+        .iter()
+        .filter(|w| w.state == WorkerState::Live)
+        .map(|w| w.incarnation.clone())
+        .collect()
+}
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -61,8 +70,8 @@ pub struct Acquirer {
     view: FleetView,
     /// Acquires sent without an answer: key → the token they compared against.
     pending: HashMap<StreamKey, u64>,
-    /// Last `released_at_ms` and state seen per worker.
-    markers: HashMap<Incarnation, (WorkerState, Option<u64>)>,
+    /// Last state, `released_at_ms` and draining flag seen per worker.
+    markers: HashMap<Incarnation, (WorkerState, Option<u64>, bool)>,
     /// Dead incarnations' packed checkpoints, read once per takeover.
     dead_checkpoints: HashMap<Incarnation, Checkpoints>,
     /// Departed incarnations still listed in the fleet.
@@ -179,13 +188,14 @@ impl Acquirer {
         Ok(())
     }
 
-    /// Notes each worker's state and release marker; `true` when anything
-    /// suggests new orphans (a release, a departure, a death).
+    /// Notes each worker's state, release marker and draining flag; `true`
+    /// when anything suggests new orphans (a release, a departure, a death,
+    /// a worker starting to drain).
     fn read_markers(&mut self, workers: &[FleetEntry]) -> bool {
         let mut changed = false;
         let mut seen = HashMap::new();
         for w in workers {
-            let now = (w.state, w.released_at_ms.max(w.draining.then_some(1)));
+            let now = (w.state, w.released_at_ms, w.draining);
             if w.incarnation != self.me && self.markers.get(&w.incarnation) != Some(&now) {
                 changed = true;
             }

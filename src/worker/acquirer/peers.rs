@@ -15,11 +15,7 @@ impl Acquirer {
     /// Reads peers' items (a few every pass, all every heartbeat), updates the
     /// fleet view, and declares overdue peers dead.
     pub(super) async fn watch_peers(&mut self, workers: &[FleetEntry]) -> Result<(), StoreError> {
-        let live: Vec<Incarnation> = workers
-            .iter()
-            .filter(|w| w.state == WorkerState::Live)
-            .map(|w| w.incarnation.clone())
-            .collect();
+        let live = super::live_incarnations(workers);
         let draining: Vec<&Incarnation> = workers
             .iter()
             .filter(|w| w.draining)

@@ -141,19 +141,7 @@ async fn tether_run(ctx: &Ctx) -> anyhow::Result<Value> {
         workers.push(SimWorker { metrics, task });
     }
     let t0 = Instant::now();
-    let acquire_limit = Duration::from_secs(1800);
-    while held(&workers) < n as i64 {
-        anyhow::ensure!(
-            t0.elapsed() < acquire_limit,
-            "only {} of {n} acquired in {acquire_limit:?}",
-            held(&workers)
-        );
-        anyhow::ensure!(
-            workers.iter().all(|w| !w.task.is_finished()),
-            "a simulated worker stopped (its error is printed above)"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    all_held(&workers, n, "acquired").await?;
     let acquire_all = t0.elapsed().as_secs_f64();
     let during_acquisition = model.report();
     println!(
@@ -211,18 +199,7 @@ async fn tether_run(ctx: &Ctx) -> anyhow::Result<Value> {
     for w in workers.drain(..killed) {
         w.task.abort();
     }
-    while held(&workers) < n as i64 {
-        anyhow::ensure!(
-            t1.elapsed() < acquire_limit,
-            "only {} of {n} owned again",
-            held(&workers)
-        );
-        anyhow::ensure!(
-            workers.iter().all(|w| !w.task.is_finished()),
-            "a simulated worker stopped (its error is printed above)"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    all_held(&workers, n, "owned again").await?;
     let failover = t1.elapsed().as_secs_f64();
     let during_failover = model.report();
     let history = model.history();
@@ -357,4 +334,24 @@ async fn legacy_ramp(ctx: &Ctx) -> anyhow::Result<Value> {
     }
     crate::stop_all(&mut workers).await;
     Ok(json!({"heartbeat_compression": compression, "steps": rows}))
+}
+
+/// Waits until the simulated workers hold all `n` streams; fails if a worker
+/// stopped or half an hour passed.
+async fn all_held(workers: &[SimWorker], n: usize, what: &str) -> anyhow::Result<()> {
+    const LIMIT: Duration = Duration::from_secs(1800);
+    let started = Instant::now();
+    while held(workers) < n as i64 {
+        anyhow::ensure!(
+            started.elapsed() < LIMIT,
+            "only {} of {n} {what} in {LIMIT:?}",
+            held(workers)
+        );
+        anyhow::ensure!(
+            workers.iter().all(|w| !w.task.is_finished()),
+            "a simulated worker stopped (its error is printed above)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
 }
