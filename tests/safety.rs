@@ -140,6 +140,52 @@ async fn sigterm_in_a_dynamodb_brownout_with_a_slow_sink_ends_every_session_by_t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_dynamodb_hangs_stops_every_session_within_a_second() {
+    let mut bed = bed().await;
+    // A lease far longer than the store's call deadline: only the drain, not
+    // the fence, can end the sessions this early.
+    bed.fleet.workers.lease_duration = Duration::from_secs(30);
+    bed.fleet.workers.heartbeat_interval = Duration::from_secs(3);
+    let names = bed.apply("s", 4).await.unwrap();
+    let proxy = DynamoFaultProxy::start(loopback(), &endpoint().0)
+        .await
+        .unwrap();
+    let mut victim = bed.fleet.spawn_via("victim", &proxy.endpoint()).unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the victim serves every stream",
+        || bed.all_connected_once(&names),
+    )
+    .await;
+    // The draining announcement cannot land: it must not hold up the stops.
+    proxy.set(DynamoFault::Blackhole);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = tokio::time::Instant::now();
+    victim.signal(Signal::SIGTERM).unwrap();
+    eventually(
+        Duration::from_millis(1500),
+        "every upstream session closed within a second of SIGTERM",
+        || async { bed.upstream.open_sessions().is_empty() },
+    )
+    .await;
+    let closed_after = started.elapsed();
+    proxy.set(DynamoFault::Pass);
+    assert!(
+        victim.wait(Duration::from_secs(20)).await.unwrap().success(),
+        "{}",
+        victim.log()
+    );
+    for v in bed.views().await {
+        assert!(
+            v.live_owner().is_none(),
+            "{} still owned after a clean exit (sessions closed after {closed_after:?})",
+            v.record.key
+        );
+    }
+    bed.assert_safe(&names, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_deleted_and_recreated_keeps_its_tokens_growing_for_a_fencing_sink() {
     let bed = bed().await;
     bed.sink.set_reject_stale(true);

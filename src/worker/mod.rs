@@ -55,6 +55,9 @@ const HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Releases are announced (the worker item's `released_at_ms`) at most this
 /// often, however many streams are released.
 const RELEASE_MARKER_DEBOUNCE: Duration = Duration::from_millis(50);
+/// How long the draining announcement may hold up the releases on SIGTERM
+/// (it normally lands in milliseconds; in a brownout it must not delay them).
+const DRAIN_ANNOUNCE_HEAD_START: Duration = Duration::from_millis(250);
 /// Wait between registration attempts when DynamoDB does not answer at start.
 const REGISTER_RETRY: Duration = Duration::from_secs(1);
 /// Pause before a dead incarnation starts over (its streams are moving).
@@ -349,10 +352,16 @@ async fn drain(
         "shutting down: releasing every stream"
     );
     health.set_draining();
-    // Peers stop counting this worker first, so its streams are theirs at once.
-    if let Err(e) = ctx.store.mark_draining(me).await {
-        tracing::debug!(error = %e, "draining not announced");
-    }
+    // Peers stop counting this worker once they see the announcement, so its
+    // streams are theirs at once. It gets a short head start; in a brownout it
+    // keeps going alongside the releases instead of holding them up, so
+    // SIGTERM is acted on within a second whatever the store does.
+    let announce = ctx.store.mark_draining(me);
+    tokio::pin!(announce);
+    let mut announced = tokio::time::timeout(DRAIN_ANNOUNCE_HEAD_START, &mut announce)
+        .await
+        .map(announced_draining)
+        .is_ok();
     for h in registry.snapshot() {
         h.signals.shutdown.cancel();
     }
@@ -360,6 +369,10 @@ async fn drain(
     while !tasks.is_empty() {
         tokio::select! {
             Some(joined) = tasks.join_next_with_id() => holder_ended(ctx, registry, keys, released, joined),
+            result = &mut announce, if !announced => {
+                announced_draining(result);
+                announced = true;
+            }
             _ = sleep_until(deadline) => {
                 tracing::warn!(left = tasks.len(), "drain timeout reached; releasing what is left directly");
                 tasks.abort_all();
@@ -367,6 +380,12 @@ async fn drain(
                 break;
             }
         }
+    }
+}
+
+fn announced_draining(result: Result<(), StoreError>) {
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "draining not announced");
     }
 }
 
