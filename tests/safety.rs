@@ -171,7 +171,11 @@ async fn sigterm_while_dynamodb_hangs_stops_every_session_within_a_second() {
     let closed_after = started.elapsed();
     proxy.set(DynamoFault::Pass);
     assert!(
-        victim.wait(Duration::from_secs(20)).await.unwrap().success(),
+        victim
+            .wait(Duration::from_secs(20))
+            .await
+            .unwrap()
+            .success(),
         "{}",
         victim.log()
     );

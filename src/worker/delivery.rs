@@ -129,3 +129,67 @@ impl Delivery<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::HttpSinkSpec;
+    use std::time::Duration;
+    use tokio::io::AsyncReadExt;
+
+    /// A sink on a real socket that reads every request and never answers.
+    async fn silent_sink() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while matches!(socket.read(&mut buf).await, Ok(n) if n > 0) {}
+                });
+            }
+        });
+        format!("http://{addr}/")
+    }
+
+    #[tokio::test]
+    async fn a_post_still_in_flight_when_the_fence_closes_is_abandoned_at_the_fence() {
+        let spec = HttpSinkSpec {
+            url: silent_sink().await,
+            max_batch_messages: 10,
+            linger_ms: 0,
+            // Far longer than the fence: only the fence can end this POST.
+            timeout_seconds: 300,
+        };
+        crate::install_crypto_provider();
+        let sink = Sink::Http(crate::sink::HttpSink::new(reqwest::Client::new(), &spec));
+        let fence = Fence::new(Duration::from_millis(300), Instant::now());
+        let progress = StreamProgress::new(None, None);
+        let metrics = WorkerMetrics::default();
+        let abort = CancellationToken::new();
+        let delivery = Delivery {
+            connection: "s",
+            worker: "w",
+            token: 1,
+            sink: &sink,
+            fence: &fence,
+            progress: &progress,
+            metrics: &metrics,
+            abort: &abort,
+        };
+        let mut batch = vec![Message {
+            seq: 1,
+            data: "x".into(),
+        }];
+        let ended = tokio::time::timeout(Duration::from_secs(20), delivery.deliver(&mut batch))
+            .await
+            .expect("the delivery outlived its fence");
+        assert_eq!(ended, Err(Undelivered::Fenced));
+        assert_eq!(progress.acked(), None, "nothing was acknowledged");
+        assert_eq!(
+            batch.len(),
+            1,
+            "the batch is kept for the next owner's replay"
+        );
+    }
+}
