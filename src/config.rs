@@ -81,7 +81,7 @@ pub struct StoreArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Kubernetes mode: controller + worker in one process (the Helm chart's default).
-    Operator(WorkerArgs),
+    Operator(OperatorArgs),
     /// Worker only, no Kubernetes: acquire, serve, renew and release streams.
     Worker(WorkerArgs),
     /// Standalone control plane: upsert StreamConnection manifests into the table.
@@ -237,10 +237,54 @@ pub struct WorkerArgs {
     /// then stay where they were acquired, as in the seed design).
     #[arg(long, env = "TETHER_NO_REBALANCE")]
     pub no_rebalance: bool,
+}
 
-    /// `tether operator` only: how often each resource's status is refreshed from the table.
+/// `tether operator`: a worker plus the controller.
+#[derive(Debug, clap::Args)]
+pub struct OperatorArgs {
+    #[command(flatten)]
+    pub worker: WorkerArgs,
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+}
+
+/// The controller's own settings (`tether operator` only).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerArgs {
+    /// How often each resource's owner and phase are read back from the table.
     #[arg(long, env = "TETHER_STATUS_REFRESH", default_value = "10s", value_parser = parse_duration)]
     pub status_refresh: Duration,
+
+    /// Progress-only status fields (checkpoint, lease expiry) are written at
+    /// most this often per resource; phase, owner and conditions at once.
+    #[arg(long, env = "TETHER_STATUS_PROGRESS_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub status_progress_interval: Duration,
+
+    /// This installation's identity. It reconciles only resources labelled
+    /// `tether.dev/installation=<value>`; the empty default reconciles only
+    /// resources without that label. Its items in the table carry it, and an
+    /// item written by another installation is refused, never taken over.
+    #[arg(long, env = "TETHER_INSTALLATION", default_value = "")]
+    pub installation: String,
+
+    /// Namespaces to watch (comma-separated); all namespaces when empty.
+    #[arg(long, env = "TETHER_WATCH_NAMESPACES", value_delimiter = ',')]
+    pub watch_namespaces: Vec<String>,
+
+    /// Namespace of the leader-election Lease (the pod's own namespace in the chart).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub leader_namespace: String,
+
+    /// How long a leader's Lease lasts without renewal before a standby
+    /// replica takes over (renewed every third of it).
+    #[arg(long, env = "TETHER_LEADER_LEASE", default_value = "15s", value_parser = parse_duration)]
+    pub leader_lease: Duration,
+
+    /// An item whose resource is gone is stopped and deleted after this long
+    /// (only items of this installation; a resource deleted with its
+    /// finalizer stripped by hand leaves one).
+    #[arg(long, env = "TETHER_GC_GRACE", default_value = "10m", value_parser = parse_duration)]
+    pub gc_grace: Duration,
 }
 
 /// Parses `250ms`, `5s`, `2m`, `1h` (or a bare number of seconds).

@@ -287,11 +287,76 @@ impl WorkerMetrics {
     }
 }
 
+/// Controller metrics (`tether operator` only; zero elsewhere).
+#[derive(Default)]
+pub struct ControllerMetrics {
+    /// 1 while this replica leads its installation.
+    pub leader: Gauge,
+    pub reconciles: Family<Labels1, Counter>,
+    pub reconcile_errors: Family<Labels1, Counter>,
+    pub reconcile_seconds: ReconcileHistogram,
+    /// Reconciles running now. The controller runs them without a concurrency
+    /// cap, so this is also the depth of its work queue.
+    pub reconciles_in_flight: Gauge,
+    pub status_writes: Family<Labels1, Counter>,
+    pub items_collected: Counter,
+}
+
+/// Reconcile durations, 1 ms .. ~8 s.
+pub struct ReconcileHistogram(pub Histogram);
+
+impl Default for ReconcileHistogram {
+    fn default() -> Self {
+        Self(request_buckets())
+    }
+}
+
+impl ControllerMetrics {
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "tether_controller_leader",
+            "1 while this replica is its installation's active controller (leader Lease held)",
+            self.leader.clone(),
+        );
+        r.register(
+            "tether_controller_reconciles",
+            "Reconciles finished, by result (ok, error)",
+            self.reconciles.clone(),
+        );
+        r.register(
+            "tether_controller_reconcile_errors",
+            "Failed reconciles by error category",
+            self.reconcile_errors.clone(),
+        );
+        r.register(
+            "tether_controller_reconcile_seconds",
+            "Duration of one reconcile",
+            self.reconcile_seconds.0.clone(),
+        );
+        r.register(
+            "tether_controller_reconciles_in_flight",
+            "Reconciles running now (the controller's queue depth: it runs them without a concurrency cap)",
+            self.reconciles_in_flight.clone(),
+        );
+        r.register(
+            "tether_controller_status_writes",
+            "Status writes by kind (change: phase, owner or conditions; progress: checkpoint and lease expiry at the progress interval)",
+            self.status_writes.clone(),
+        );
+        r.register(
+            "tether_controller_items_collected",
+            "Table items of this installation whose resource no longer existed, stopped and deleted by the garbage collector",
+            self.items_collected.clone(),
+        );
+    }
+}
+
 /// All metrics of one process and the registry that exposes them.
 pub struct Metrics {
     registry: Registry,
     pub store: Arc<StoreMetrics>,
     pub worker: Arc<WorkerMetrics>,
+    pub controller: Arc<ControllerMetrics>,
 }
 
 impl Default for Metrics {
@@ -305,8 +370,10 @@ impl Metrics {
         let mut registry = Registry::default();
         let store = Arc::new(StoreMetrics::new());
         let worker = Arc::new(WorkerMetrics::default());
+        let controller = Arc::new(ControllerMetrics::default());
         store.register(&mut registry);
         worker.register(&mut registry);
+        controller.register(&mut registry);
         let build_info: Family<Labels1, Gauge> = Family::default();
         build_info
             .get_or_create(&[("version", env!("CARGO_PKG_VERSION"))])
@@ -316,6 +383,7 @@ impl Metrics {
             registry,
             store,
             worker,
+            controller,
         }
     }
 

@@ -9,7 +9,13 @@ a kube-rs controller relies on. This subclass adds exactly that:
 - create: uid, creationTimestamp, generation 1, resourceVersion;
 - patch: JSON Patch (kube's finalizer helper), merge patch and server-side
   apply bodies (approximated as a JSON merge), each bumping resourceVersion;
-- spec changes bump generation; status changes only through /status.
+- spec changes bump generation; status changes only through /status;
+- a merge patch carrying metadata.resourceVersion is a precondition: a
+  stale one is answered 409 Conflict, as the API server does (leader election
+  relies on it);
+- list and watch honour equality (`k=v`) and absence (`!k`) label selectors;
+- `GET /_requests` counts every request served so far by verb, resource and
+  subresource (the controller's API load in the benchmark).
 
 It prints its base URL on the first line of stdout and serves until killed.
 """
@@ -20,9 +26,41 @@ import datetime
 import itertools
 import uuid
 
+import collections
+
+import aiohttp.web
 import attrs
 import jsonpatch
 from kmock._internal import apps, enums, k8s
+
+
+@attrs.frozen
+class Conflict(k8s.KubernetesError):
+    """A stale resourceVersion precondition (HTTP 409)."""
+    status: int = 409
+    reason: str = 'Conflict'
+    message: str = ('the object has been modified; please apply your changes'
+                    ' to the latest version and try again')
+
+
+def selected(obj, selector):
+    """Whether `obj`'s labels match a selector of `k=v`, `k==v`, `k!=v`, `!k`, `k` terms."""
+    labels = (obj.get('metadata') or {}).get('labels') or {}
+    for term in filter(None, (t.strip() for t in (selector or '').split(','))):
+        if term.startswith('!'):
+            if term[1:] in labels:
+                return False
+        elif '!=' in term:
+            k, v = term.split('!=', 1)
+            if labels.get(k) == v:
+                return False
+        elif '=' in term:
+            k, v = term.replace('==', '=').split('=', 1)
+            if labels.get(k) != v:
+                return False
+        elif term not in labels:
+            return False
+    return True
 
 
 def merge(base, patch):
@@ -57,6 +95,14 @@ class TetherEmulator(k8s.KubernetesEmulator):
     _versions: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
 
     async def _handle(self, request):
+        if request.url.path == '/_requests':
+            counts = collections.Counter()
+            for r in self._requests:
+                if r.resource is not None:
+                    watch = r.action == enums.action.WATCH
+                    counts[f"{'WATCH' if watch else r.method.value} {r.resource.plural}"
+                           f"{'/' + r.subresource if r.subresource else ''}"] += 1
+            return aiohttp.web.json_response(dict(counts))
         if request.resource is not None and request.action in (enums.action.CREATE, enums.action.UPDATE):
             completed = self._complete(request)
             # kmock's filters look requests up in its own log, by identity.
@@ -82,6 +128,10 @@ class TetherEmulator(k8s.KubernetesEmulator):
         if key not in self.objects or self.objects[key].deleted:
             return request  # kmock answers 404
         current = copy.deepcopy(self.objects[key].raw)
+        wanted = ((request.data or {}).get('metadata') or {}).get('resourceVersion') \
+            if isinstance(request.data, dict) else None
+        if wanted is not None and wanted != current['metadata'].get('resourceVersion'):
+            raise Conflict()
         if isinstance(request.data, list):
             patched = jsonpatch.apply_patch(current, api_server_tests(current, request.data))
         else:
@@ -96,6 +146,18 @@ class TetherEmulator(k8s.KubernetesEmulator):
         # kmock merges dicts and replaces lists and scalars: the full object
         # as the "patch" leaves exactly `patched` stored.
         return attrs.evolve(request, data=patched)
+
+    async def _serve_list(self, request):
+        listed = await super()._serve_list(request)
+        selector = request.params.get('labelSelector')
+        listed['items'] = [o for o in listed['items'] if selected(o, selector)]
+        return listed
+
+    async def _serve_watch(self, request):
+        selector = request.params.get('labelSelector')
+        async for event in super()._serve_watch(request):
+            if not isinstance(event, dict) or selected(event.get('object') or {}, selector):
+                yield event
 
 
 async def main():

@@ -6,7 +6,8 @@ use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use tether::controller::{Context, FINALIZER, reconcile};
+use std::time::Duration;
+use tether::controller::{Context, ControllerSettings, FINALIZER, reconcile};
 use tether::crd::{StreamConnection, StreamConnectionSpec};
 use tether::lease::{AcquireFrom, DesiredState, Incarnation, LeaseStore, StreamKey};
 use tower_test::mock::{Handle, pair};
@@ -36,6 +37,19 @@ fn deleting(mut obj: StreamConnection) -> StreamConnection {
     obj
 }
 
+fn settings(installation: &str) -> ControllerSettings {
+    ControllerSettings {
+        instance: "test-pod".into(),
+        installation: installation.into(),
+        namespaces: Vec::new(),
+        status_refresh: Duration::from_secs(10),
+        progress_interval: Duration::from_secs(300),
+        leader_namespace: "default".into(),
+        leader_lease: Duration::from_secs(15),
+        gc_grace: Duration::from_secs(600),
+    }
+}
+
 async fn setup() -> (Arc<Context>, ApiHandle, LeaseStore) {
     let store = tether_testkit::store::fresh_store(None).await;
     let (service, handle) = pair::<Request<Body>, Response<Body>>();
@@ -44,8 +58,8 @@ async fn setup() -> (Arc<Context>, ApiHandle, LeaseStore) {
         Arc::new(Context::new(
             client,
             store.clone(),
-            "test-pod",
-            std::time::Duration::from_secs(10),
+            settings(""),
+            Arc::default(),
         )),
         handle,
         store,

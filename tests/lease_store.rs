@@ -499,12 +499,61 @@ async fn fencing_tokens_keep_growing_across_delete_and_recreate() {
 }
 
 #[tokio::test]
+async fn an_item_of_another_installation_is_refused_never_taken_over() {
+    let store = fresh_store(None).await;
+    let from = |installation: &str, uid: &str, created_ms| {
+        let mut d = desired("shared", DesiredState::Started, 1);
+        d.resource = Some(ResourceIdentity {
+            uid: uid.into(),
+            created_ms,
+            installation: installation.into(),
+        });
+        d
+    };
+    assert_eq!(
+        store
+            .upsert_desired(&from("prod", "uid-p", 1_000))
+            .await
+            .unwrap(),
+        UpsertOutcome::Applied
+    );
+    // Another installation, even with a newer resource of the same name.
+    assert_eq!(
+        store
+            .upsert_desired(&from("staging", "uid-s", 9_000))
+            .await
+            .unwrap(),
+        UpsertOutcome::Refused {
+            reason: UpsertRefusal::OtherInstallation {
+                stored: "prod".into()
+            }
+        }
+    );
+    let record = store
+        .get(&StreamKey::new("test", "shared"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.installation.as_deref(), Some("prod"));
+    assert_eq!(record.uid.as_deref(), Some("uid-p"));
+    // The writing installation itself is not refused.
+    assert_eq!(
+        store
+            .upsert_desired(&from("prod", "uid-p", 1_000))
+            .await
+            .unwrap(),
+        UpsertOutcome::Unchanged
+    );
+}
+
+#[tokio::test]
 async fn the_mirror_is_guarded_by_resource_identity_and_generation() {
     let store = fresh_store(None).await;
     let resource = |uid: &str, created_ms| {
         Some(ResourceIdentity {
             uid: uid.into(),
             created_ms,
+            installation: String::new(),
         })
     };
     let mut d = desired("mirror", DesiredState::Started, 2);

@@ -54,6 +54,9 @@ pub async fn apply(store: &LeaseStore, path: &Path) -> anyhow::Result<()> {
                         format!("owned by Kubernetes resource {stored_uid}; change it there")
                     }
                     UpsertRefusal::Deleted => "deleted".to_string(),
+                    UpsertRefusal::OtherInstallation { stored } => {
+                        format!("mirrored by operator installation '{stored}'; change it there")
+                    }
                 };
                 eprintln!("error: streamconnection {}: {why}", m.key);
             }

@@ -1,7 +1,7 @@
 //! The long-running subcommands: `worker`, `operator`, `local-store`.
 
 use super::{OpenStore, open_store, shutdown_signal};
-use crate::config::{StoreArgs, WorkerArgs};
+use crate::config::{OperatorArgs, StoreArgs, WorkerArgs};
 use crate::embedded::EmbeddedStore;
 use crate::http::Health;
 use crate::metrics::Metrics;
@@ -83,17 +83,25 @@ pub async fn worker(
 pub async fn operator(
     store_args: &StoreArgs,
     metrics: Arc<Metrics>,
-    args: WorkerArgs,
+    args: OperatorArgs,
 ) -> anyhow::Result<()> {
+    let OperatorArgs {
+        worker: args,
+        controller: controller_args,
+    } = args;
+    check_installation(&controller_args.installation)?;
     let client = kube::Client::try_default().await.context(
         "cannot configure a Kubernetes client (run in a pod with a service account, or set KUBECONFIG)",
     )?;
     crate::controller::check_crd(&client).await?;
     let open = open_store(store_args, metrics.store.clone()).await?;
-    let instance = args
-        .worker_id
-        .clone()
-        .unwrap_or_else(crate::worker::settings::default_worker_id);
+    let instance = format!(
+        "{}-{:08x}",
+        args.worker_id
+            .clone()
+            .unwrap_or_else(crate::worker::settings::default_worker_id),
+        rand::random::<u32>()
+    );
     let shutdown = tokio_util::sync::CancellationToken::new();
     tokio::spawn({
         let shutdown = shutdown.clone();
@@ -105,13 +113,10 @@ pub async fn operator(
     let ctx = Arc::new(crate::controller::Context::new(
         client.clone(),
         open.store.clone(),
-        &instance,
-        args.status_refresh,
+        crate::controller::ControllerSettings::new(&instance, &controller_args),
+        metrics.controller.clone(),
     ));
-    let mut controller = tokio::spawn(crate::controller::run(
-        ctx,
-        shutdown.clone().cancelled_owned(),
-    ));
+    let mut controller = tokio::spawn(crate::controller::run(ctx, shutdown.clone()));
     let pod = PodLookup::from_env(client.clone());
     let worker = worker(
         open,
@@ -139,4 +144,21 @@ pub async fn operator(
             result
         }
     }
+}
+
+/// An installation id is a label value: at most 63 characters, letters,
+/// digits, `-`, `_`, `.`, starting and ending with a letter or digit.
+fn check_installation(id: &str) -> anyhow::Result<()> {
+    let ok_chars = id
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    let ok_ends = id.is_empty()
+        || (id.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && id.ends_with(|c: char| c.is_ascii_alphanumeric()));
+    if id.len() > 63 || !ok_chars || !ok_ends {
+        bail!(
+            "--installation '{id}' is not a label value (at most 63 letters, digits, '-', '_', '.', starting and ending with a letter or digit)"
+        );
+    }
+    Ok(())
 }

@@ -1,24 +1,33 @@
 //! The Kubernetes controller: mirrors each `StreamConnection` into the lease
 //! table and writes its status back. It never touches lease fields; workers do.
 //!
-//! Per resource: validate → mirror (generation-guarded upsert) → status. On
-//! deletion (finalizer): mark STOPPED, wait (bounded) for the owner to release,
-//! delete the item, remove the finalizer. Every replica may run it: the mirror
-//! is idempotent and monotonic on the resource's generation.
+//! Per resource: validate → mirror (generation-guarded upsert, no write when
+//! the item already matches) → status (at once when phase, owner or
+//! conditions change; progress fields at a bounded rate). On deletion
+//! (finalizer): mark STOPPED, wait (bounded) for the owner to release, delete
+//! the item, remove the finalizer. One replica per installation reconciles
+//! (leader election, `leader.rs`); the mirror stays idempotent and guarded by
+//! UID, generation and installation, so an overlap of two leaders is harmless.
 
+pub mod gc;
+pub mod leader;
+pub mod run;
+pub mod settings;
 pub mod status;
+
+pub use run::run;
+pub use settings::ControllerSettings;
 
 use crate::crd::{DesiredStateSpec, StreamConnection, StreamConnectionStatus};
 use crate::lease::{
     LeaseStore, ResourceIdentity, StoreError, StreamKey, TombstoneOutcome, UpsertOutcome,
     UpsertRefusal,
 };
-use futures::StreamExt;
+use crate::metrics::ControllerMetrics;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -30,8 +39,6 @@ use tokio::time::Instant;
 pub const FINALIZER: &str = "tether.dev/lease-cleanup";
 /// Field manager of the status written by server-side apply.
 pub const FIELD_MANAGER: &str = "tether-controller";
-/// Progress-only changes (checkpoint, lease expiry) are written at most this often.
-pub const PROGRESS_WRITE_INTERVAL: Duration = Duration::from_secs(60);
 /// How long deletion waits for the owner to release before deleting anyway
 /// (the owner is told through its inbox, and releases).
 pub const RELEASE_WAIT: Duration = Duration::from_secs(30);
@@ -73,8 +80,8 @@ pub struct Context {
     pub client: Client,
     pub store: LeaseStore,
     pub recorder: Recorder,
-    /// How often each resource's status is refreshed from the table.
-    pub status_refresh: Duration,
+    pub settings: ControllerSettings,
+    pub metrics: Arc<ControllerMetrics>,
     /// Last status write per object, to rate-limit progress-only writes.
     last_write: Mutex<HashMap<String, Instant>>,
     /// Consecutive failures per object, for exponential backoff.
@@ -85,18 +92,19 @@ impl Context {
     pub fn new(
         client: Client,
         store: LeaseStore,
-        instance: &str,
-        status_refresh: Duration,
+        settings: ControllerSettings,
+        metrics: Arc<ControllerMetrics>,
     ) -> Self {
         let reporter = Reporter {
             controller: "tether".into(),
-            instance: Some(instance.to_string()),
+            instance: Some(settings.instance.clone()),
         };
         Self {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             store,
-            status_refresh,
+            settings,
+            metrics,
             last_write: Mutex::default(),
             failures: Mutex::default(),
         }
@@ -111,8 +119,43 @@ fn object_key(obj: &StreamConnection) -> String {
     format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
 }
 
-/// Reconciles one resource.
+/// Reconciles one resource, measured.
 pub async fn reconcile(obj: Arc<StreamConnection>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let metrics = ctx.metrics.clone();
+    metrics.reconciles_in_flight.inc();
+    let started = Instant::now();
+    let result = reconcile_unmeasured(obj, ctx).await;
+    metrics.reconciles_in_flight.dec();
+    metrics
+        .reconcile_seconds
+        .0
+        .observe(started.elapsed().as_secs_f64());
+    let outcome = match &result {
+        Ok(_) => "ok",
+        Err(e) => {
+            metrics
+                .reconcile_errors
+                .get_or_create(&[("category", e.category())])
+                .inc();
+            "error"
+        }
+    };
+    metrics
+        .reconciles
+        .get_or_create(&[("result", outcome)])
+        .inc();
+    result
+}
+
+async fn reconcile_unmeasured(
+    obj: Arc<StreamConnection>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    // The watch selects by label already; a resource relabelled to another
+    // installation is left to it (its finalizer included).
+    if !ctx.settings.claims(obj.labels()) {
+        return Ok(Action::await_change());
+    }
     let namespace = obj.namespace().ok_or(Error::NoNamespace)?;
     let api: Api<StreamConnection> = Api::namespaced(ctx.client.clone(), &namespace);
     let result = finalizer(&api, FINALIZER, obj, |event| async {
@@ -132,15 +175,20 @@ pub async fn reconcile(obj: Arc<StreamConnection>, ctx: Arc<Context>) -> Result<
     }
 }
 
-/// The resource's identity, so the table can tell resources of one name apart.
-fn resource_of(obj: &StreamConnection) -> Option<ResourceIdentity> {
+/// The resource's identity, so the table can tell resources of one name apart
+/// and installations sharing a table never take each other's items.
+fn resource_of(obj: &StreamConnection, installation: &str) -> Option<ResourceIdentity> {
     let uid = obj.metadata.uid.clone()?;
     let created_ms = obj
         .metadata
         .creation_timestamp
         .as_ref()
         .map_or(0, |t| t.0.as_millisecond().max(0) as u64);
-    Some(ResourceIdentity { uid, created_ms })
+    Some(ResourceIdentity {
+        uid,
+        created_ms,
+        installation: installation.to_string(),
+    })
 }
 
 /// Validate → mirror → status.
@@ -171,10 +219,11 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
     let generation = obj.metadata.generation.unwrap_or(1);
     let outcome = ctx
         .store
-        .upsert_desired(
-            &obj.spec
-                .to_desired(key.clone(), generation, resource_of(obj)),
-        )
+        .upsert_desired(&obj.spec.to_desired(
+            key.clone(),
+            generation,
+            resource_of(obj, ctx.settings.item_installation()),
+        ))
         .await?;
     let refused = match outcome {
         UpsertOutcome::Refused { reason } => Some(match reason {
@@ -187,6 +236,10 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
             UpsertRefusal::Deleted => {
                 "this resource was deleted from the lease table; not resurrected".to_string()
             }
+            UpsertRefusal::OtherInstallation { stored } => format!(
+                "the lease table holds {key} for installation '{stored}' (this is '{}'); not taken over",
+                ctx.settings.item_installation()
+            ),
         }),
         _ => None,
     };
@@ -208,13 +261,79 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
         }
         announce(ctx, obj, previous.as_ref(), &status).await;
     }
-    Ok(Action::requeue(ctx.status_refresh))
+    Ok(Action::requeue(ctx.settings.status_refresh))
 }
 
 /// Mark STOPPED, wait for the release (bounded), delete the item (a tombstone
 /// keeps the fencing token).
 async fn cleanup(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
     let key = StreamKey::new(obj.namespace().unwrap_or_default(), obj.name_any());
+    if obj
+        .annotations()
+        .get(settings::SKIP_CLEANUP_ANNOTATION)
+        .is_some_and(|v| v == "true")
+    {
+        tracing::warn!(stream = %key, "cleanup skipped by annotation; the garbage collector deletes the item later");
+        publish(
+            ctx,
+            obj,
+            EventType::Warning,
+            "CleanupSkipped",
+            &format!(
+                "{} is set: the finalizer is removed without touching the lease table; the item is stopped and deleted by the garbage collector once the table answers",
+                settings::SKIP_CLEANUP_ANNOTATION
+            ),
+            "Cleanup",
+        )
+        .await;
+        return Ok(Action::await_change());
+    }
+    match cleanup_item(&key, obj, ctx).await {
+        Err(Error::Store(e)) => {
+            cleanup_blocked(obj, ctx, &e).await;
+            Err(Error::Store(e))
+        }
+        other => other,
+    }
+}
+
+/// The table did not answer during deletion: say so in status and once in
+/// an event, and keep retrying with backoff (the finalizer stays, so the
+/// stream is never left running without its resource).
+async fn cleanup_blocked(obj: &StreamConnection, ctx: &Context, e: &StoreError) {
+    let message = format!(
+        "cannot stop and delete the stream in the lease table ({e}); retrying with backoff. \
+         To remove the resource anyway, annotate it {}=true (the item is collected later)",
+        settings::SKIP_CLEANUP_ANNOTATION
+    );
+    let mut status = obj.status.clone().unwrap_or_default();
+    let already = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == status::READY && c.reason == "CleanupBlocked");
+    if already {
+        return;
+    }
+    status::set_ready(&mut status, false, "CleanupBlocked", &message);
+    if write_status(obj, ctx, status, true).await.is_ok() {
+        publish(
+            ctx,
+            obj,
+            EventType::Warning,
+            "CleanupBlocked",
+            &message,
+            "Cleanup",
+        )
+        .await;
+    }
+}
+
+async fn cleanup_item(
+    key: &StreamKey,
+    obj: &StreamConnection,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let key = key.clone();
     let Some(record) = ctx.store.get(&key).await?.filter(|r| !r.is_tombstone()) else {
         return Ok(Action::await_change());
     };
@@ -227,7 +346,11 @@ async fn cleanup(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error>
         spec.desired_state = DesiredStateSpec::Stopped;
         let generation = obj.metadata.generation.unwrap_or(1).max(record.generation);
         ctx.store
-            .upsert_desired(&spec.to_desired(key.clone(), generation, resource_of(obj)))
+            .upsert_desired(&spec.to_desired(
+                key.clone(),
+                generation,
+                resource_of(obj, ctx.settings.item_installation()),
+            ))
             .await?;
     }
     let alive = ctx.store.owner_alive(&record).await?;
@@ -270,10 +393,13 @@ async fn write_status(
     significant: bool,
 ) -> Result<bool, Error> {
     let key = object_key(obj);
-    let stale_progress = obj.status.as_ref() != Some(&status)
-        && lock(&ctx.last_write)
-            .get(&key)
-            .is_none_or(|t| t.elapsed() >= PROGRESS_WRITE_INTERVAL);
+    let stale_progress = obj.status.as_ref() != Some(&status) && {
+        let mut last = lock(&ctx.last_write);
+        // A new leader counts from its start, so a hand-over is not a burst
+        // of progress writes for every resource.
+        let since = *last.entry(key.clone()).or_insert_with(Instant::now);
+        since.elapsed() >= ctx.settings.progress_interval
+    };
     if !significant && !stale_progress {
         return Ok(false);
     }
@@ -291,6 +417,11 @@ async fn write_status(
     )
     .await?;
     lock(&ctx.last_write).insert(key, Instant::now());
+    let kind = if significant { "change" } else { "progress" };
+    ctx.metrics
+        .status_writes
+        .get_or_create(&[("kind", kind)])
+        .inc();
     Ok(true)
 }
 
@@ -373,22 +504,4 @@ pub async fn check_crd(client: &Client) -> anyhow::Result<()> {
         )
     })?;
     Ok(())
-}
-
-/// Runs the controller until `shutdown` resolves.
-pub async fn run(
-    ctx: Arc<Context>,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
-) {
-    let api: Api<StreamConnection> = Api::all(ctx.client.clone());
-    Controller::new(api, watcher::Config::default())
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((obj, _)) => tracing::debug!(object = %obj, "reconciled"),
-                Err(e) => tracing::debug!(error = %e, "reconcile error"),
-            }
-        })
-        .await;
 }

@@ -119,6 +119,20 @@ pub fn compute(
     status
 }
 
+/// Replaces the Ready condition (keeping the others), for states the table
+/// cannot tell (a blocked cleanup).
+pub fn set_ready(status: &mut StreamConnectionStatus, ok: bool, reason: &str, message: &str) {
+    let previous = status.clone();
+    let ready = condition(
+        READY,
+        (ok, reason.to_string(), message.to_string()),
+        previous.observed_generation,
+        Some(&previous),
+    );
+    status.conditions.retain(|c| c.type_ != READY);
+    status.conditions.insert(0, ready);
+}
+
 fn condition(
     type_: &str,
     (ok, reason, message): (bool, String, String),
@@ -198,6 +212,7 @@ mod tests {
                 generation: 4,
                 uid: None,
                 resource_created_ms: None,
+                installation: None,
                 lease_owner: inc.as_ref().map(ToString::to_string),
                 lease_expires_at_ms: if inc.is_some() { OWNED_EXPIRY_MS } else { 0 },
                 lease_counter: 7,

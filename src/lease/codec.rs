@@ -29,6 +29,7 @@ pub mod attr {
     // Added by tether.
     pub const HOLDER: &str = "holder";
     pub const RESOURCE_CREATED_MS: &str = "resource_created_ms";
+    pub const INSTALLATION: &str = "installation";
     pub const PHASE: &str = "phase";
     pub const STATUS_REASON: &str = "status_reason";
     pub const STATUS_MESSAGE: &str = "status_message";
@@ -198,6 +199,7 @@ pub fn stream_record(item: &Item) -> Result<StreamRecord, Malformed> {
         generation: r.signed(attr::GENERATION)?.unwrap_or(0),
         uid: r.text(attr::UID),
         resource_created_ms: r.soft_number(attr::RESOURCE_CREATED_MS),
+        installation: r.text(attr::INSTALLATION),
         lease_owner: r.text(attr::LEASE_OWNER),
         lease_expires_at_ms: r.number(attr::LEASE_EXPIRES_AT_MS)?.unwrap_or(0),
         lease_counter: r.number(attr::LEASE_COUNTER)?.unwrap_or(0),

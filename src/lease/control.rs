@@ -76,6 +76,7 @@ impl Guarded {
                 g.equal_or_zero("#exp", ":e0", c.lease_expires_at_ms);
                 g.equal_or_zero(attr::LEASE_COUNTER, ":c0", c.lease_counter);
                 g.equal_or_absent(attr::UID, ":u0", c.uid.as_ref().map(s));
+                g.equal_or_absent(attr::INSTALLATION, ":i0", c.installation.as_ref().map(s));
                 g.equal_or_absent(attr::DELETED_AT_MS, ":d0", c.deleted_at_ms.map(n));
                 g.equal_or_absent(
                     attr::DESIRED_STATE,
@@ -153,6 +154,11 @@ fn matches(current: &StreamRecord, desired: &DesiredStream, spec: &serde_json::V
         && current.spec.as_ref() == Some(spec)
         && current.generation == desired.generation
         && current.uid == desired.resource.as_ref().map(|r| r.uid.clone())
+        && current.installation.as_deref().unwrap_or_default()
+            == desired
+                .resource
+                .as_ref()
+                .map_or("", |r| r.installation.as_str())
         && free_holder_ok
 }
 
@@ -203,6 +209,10 @@ impl LeaseStore {
             if let Some(r) = &desired.resource {
                 g.set("uid = :uid", ":uid", s(&r.uid));
                 g.set("resource_created_ms = :rc", ":rc", n(r.created_ms));
+                // An empty attribute would read back as absent: none is written.
+                if !r.installation.is_empty() {
+                    g.set("installation = :inst", ":inst", s(&r.installation));
+                }
             }
             match holder_for(key, desired.desired_state, &ownership) {
                 Some(h) => g.set("holder = :h", ":h", s(h)),
@@ -386,6 +396,13 @@ fn refusal(current: &StreamRecord, desired: &DesiredStream) -> Option<UpsertRefu
             },
         );
     };
+    if let Some(stored) = &current.installation
+        && *stored != resource.installation
+    {
+        return Some(UpsertRefusal::OtherInstallation {
+            stored: stored.clone(),
+        });
+    }
     match &current.uid {
         Some(uid) if *uid == resource.uid => {
             if current.is_tombstone() {

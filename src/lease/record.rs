@@ -62,6 +62,9 @@ pub struct StreamRecord {
     /// That resource's creation time (ms): a newer resource of the same name
     /// replaces the item, an older one never does.
     pub resource_created_ms: Option<u64>,
+    /// The installation (operator release) whose controller wrote the item;
+    /// another installation never takes it over.
+    pub installation: Option<String>,
     pub lease_owner: Option<String>,
     pub lease_expires_at_ms: u64,
     /// The fencing token: +1 on every acquire, never lower for a stream name.
@@ -304,6 +307,8 @@ pub struct DesiredStream {
 pub struct ResourceIdentity {
     pub uid: String,
     pub created_ms: u64,
+    /// The installation mirroring it (`""` for the default installation).
+    pub installation: String,
 }
 
 /// Result of a control-plane upsert.
@@ -320,9 +325,18 @@ pub enum UpsertOutcome {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UpsertRefusal {
-    StaleGeneration { stored: i64 },
-    NewerResource { stored_uid: String },
+    StaleGeneration {
+        stored: i64,
+    },
+    NewerResource {
+        stored_uid: String,
+    },
     Deleted,
+    /// Another installation (another operator release, or another cluster
+    /// sharing the table) mirrors this name.
+    OtherInstallation {
+        stored: String,
+    },
 }
 
 #[cfg(test)]
@@ -338,6 +352,7 @@ mod tests {
             generation: 1,
             uid: None,
             resource_created_ms: None,
+            installation: None,
             lease_owner: owner.map(Into::into),
             lease_expires_at_ms: expires,
             lease_counter: 3,

@@ -71,7 +71,6 @@ impl WorkerSettings {
             allow_sink_hosts: _,
             deny_cidrs: _,
             no_rebalance,
-            status_refresh: _,
             ca_file,
         } = args;
         if heartbeat_interval.is_zero() || reconcile_interval.is_zero() {

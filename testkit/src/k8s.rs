@@ -84,6 +84,20 @@ pub fn operator_command(
     lease: Duration,
     heartbeat: Duration,
 ) -> tokio::process::Command {
+    let metrics = crate::fleet::free_port().expect("a free port");
+    operator_command_at(exe, table, id, kubeconfig, lease, heartbeat, metrics)
+}
+
+/// [`operator_command`] serving its metrics at `metrics`.
+pub fn operator_command_at(
+    exe: &Path,
+    table: &str,
+    id: &str,
+    kubeconfig: &Path,
+    lease: Duration,
+    heartbeat: Duration,
+    metrics: std::net::SocketAddr,
+) -> tokio::process::Command {
     let ms = |d: Duration| format!("{}ms", d.as_millis());
     let mut cmd = tokio::process::Command::new(exe);
     cmd.args(["--table", table, "operator", "--worker-id", id])
@@ -100,11 +114,10 @@ pub fn operator_command(
             "500ms",
             "--status-refresh",
             "500ms",
+            "--leader-lease",
+            "3s",
         ])
-        .args([
-            "--metrics-addr",
-            &crate::fleet::free_port().expect("a free port").to_string(),
-        ])
+        .args(["--metrics-addr", &metrics.to_string()])
         .env("KUBECONFIG", kubeconfig)
         .env("AWS_ENDPOINT_URL_DYNAMODB", crate::store::endpoint().0)
         .env("AWS_REGION", "us-east-1")

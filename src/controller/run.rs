@@ -1,0 +1,128 @@
+//! Running the controller: stand by until this replica leads its
+//! installation, then watch the installation's resources (in the configured
+//! namespaces, selected by label) and reconcile them, and collect orphaned
+//! items, until leadership ends; then stand by again.
+
+use super::leader::{Election, Elector, LeadershipEnd};
+use super::{Context, error_policy, gc, reconcile};
+use crate::crd::StreamConnection;
+use futures::StreamExt;
+use kube::runtime::controller::Controller;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// Runs until `shutdown` fires. Returns early only if the controller stopped
+/// on its own (the caller treats that as a failure).
+pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
+    let mut elector = Elector::new(
+        ctx.client.clone(),
+        Election {
+            namespace: ctx.settings.leader_namespace.clone(),
+            lease_name: ctx.settings.leader_lease_name(),
+            identity: ctx.settings.instance.clone(),
+            lease: ctx.settings.leader_lease,
+        },
+    );
+    loop {
+        if !elector.acquire(&shutdown).await {
+            return;
+        }
+        tracing::info!(
+            lease = %elector.election().lease_name,
+            installation = %ctx.settings.installation,
+            "leading: this replica reconciles the installation's resources"
+        );
+        ctx.metrics.leader.set(1);
+        let leading = shutdown.child_token();
+        let mut work = tokio::spawn(lead(ctx.clone(), leading.clone()));
+        let end = tokio::select! {
+            end = elector.hold(&shutdown) => Some(end),
+            _ = &mut work => None,
+        };
+        leading.cancel();
+        let _ = work.await;
+        ctx.metrics.leader.set(0);
+        match end {
+            Some(LeadershipEnd::Stopped) => {
+                elector.release().await;
+                return;
+            }
+            Some(LeadershipEnd::Lost) => {
+                tracing::warn!("leadership lost: standing by");
+            }
+            None if shutdown.is_cancelled() => {
+                elector.release().await;
+                return;
+            }
+            None => {
+                tracing::error!("the controller stopped on its own");
+                elector.release().await;
+                return;
+            }
+        }
+    }
+}
+
+/// The leader's work: one controller per watched namespace (or one for all)
+/// and the garbage collector, until `leading` is cancelled.
+async fn lead(ctx: Arc<Context>, leading: CancellationToken) {
+    let namespaces: Vec<Option<String>> = if ctx.settings.namespaces.is_empty() {
+        vec![None]
+    } else {
+        ctx.settings.namespaces.iter().cloned().map(Some).collect()
+    };
+    let mut readers = Vec::new();
+    let mut controllers = Vec::new();
+    for namespace in namespaces {
+        let api: Api<StreamConnection> = match &namespace {
+            Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+            None => Api::all(ctx.client.clone()),
+        };
+        let (reader, writer) = reflector::store();
+        let config = watcher::Config::default().labels(&ctx.settings.label_selector());
+        let triggers = watcher(api, config)
+            .default_backoff()
+            .reflect(writer)
+            .applied_objects()
+            .predicate_filter(worth_reconciling, Default::default());
+        readers.push(reader.clone());
+        controllers.push(
+            Controller::for_stream(triggers, reader)
+                .graceful_shutdown_on(leading.clone().cancelled_owned())
+                .run(reconcile, error_policy, ctx.clone())
+                .boxed(),
+        );
+    }
+    let reconciling = futures::stream::select_all(controllers).for_each(|result| async move {
+        match result {
+            Ok((obj, _)) => tracing::debug!(object = %obj, "reconciled"),
+            Err(e) => tracing::debug!(error = %e, "reconcile error"),
+        }
+    });
+    tokio::join!(reconciling, gc::run(ctx.clone(), readers, leading));
+}
+
+/// What a reconcile depends on, hashed: a status write by the controller
+/// itself (or anything else that changes only `status` or the resource
+/// version) does not trigger one. Status is refreshed by the requeue timer.
+fn worth_reconciling(obj: &StreamConnection) -> Option<u64> {
+    let mut h = DefaultHasher::new();
+    obj.metadata.generation.hash(&mut h);
+    obj.metadata.uid.hash(&mut h);
+    obj.metadata.deletion_timestamp.is_some().hash(&mut h);
+    obj.finalizers().hash(&mut h);
+    obj.labels().hash(&mut h);
+    obj.annotations()
+        .get(super::settings::SKIP_CLEANUP_ANNOTATION)
+        .hash(&mut h);
+    Some(h.finish())
+}
+
+/// Every resource the watches have seen, by namespace and name.
+pub fn known(readers: &[Store<StreamConnection>]) -> Vec<Arc<StreamConnection>> {
+    readers.iter().flat_map(|r| r.state()).collect()
+}

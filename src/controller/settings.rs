@@ -1,0 +1,80 @@
+//! The controller's settings, from `tether operator`'s flags.
+
+use crate::config::ControllerArgs;
+use std::time::Duration;
+
+/// Label that assigns a resource to an installation (see `--installation`).
+pub const INSTALLATION_LABEL: &str = "tether.dev/installation";
+/// Annotation that lets an administrator remove a resource without waiting
+/// for the table (for example while it is unreachable); the item left behind
+/// is collected later by the garbage collector.
+pub const SKIP_CLEANUP_ANNOTATION: &str = "tether.dev/skip-cleanup";
+
+#[derive(Clone, Debug)]
+pub struct ControllerSettings {
+    /// This replica (events' reporter instance, the leader Lease's holder).
+    pub instance: String,
+    pub installation: String,
+    /// Empty: every namespace.
+    pub namespaces: Vec<String>,
+    pub status_refresh: Duration,
+    pub progress_interval: Duration,
+    pub leader_namespace: String,
+    pub leader_lease: Duration,
+    pub gc_grace: Duration,
+}
+
+impl ControllerSettings {
+    pub fn new(instance: &str, args: &ControllerArgs) -> Self {
+        Self {
+            instance: instance.to_string(),
+            installation: args.installation.clone(),
+            namespaces: args
+                .watch_namespaces
+                .iter()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect(),
+            status_refresh: args.status_refresh,
+            progress_interval: args.status_progress_interval,
+            leader_namespace: args.leader_namespace.clone(),
+            leader_lease: args.leader_lease,
+            gc_grace: args.gc_grace,
+        }
+    }
+
+    /// The label selector of this installation's resources.
+    pub fn label_selector(&self) -> String {
+        if self.installation.is_empty() {
+            format!("!{INSTALLATION_LABEL}")
+        } else {
+            format!("{INSTALLATION_LABEL}={}", self.installation)
+        }
+    }
+
+    /// Whether a resource with these labels belongs to this installation
+    /// (checked again after the server-side selector).
+    pub fn claims(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        labels.get(INSTALLATION_LABEL).map_or("", String::as_str) == self.installation
+    }
+
+    /// How the installation is recorded on its items: the default (empty)
+    /// installation as `default`, so every item written by a controller names
+    /// one (an empty attribute would read as absent).
+    pub fn item_installation(&self) -> &str {
+        if self.installation.is_empty() {
+            "default"
+        } else {
+            &self.installation
+        }
+    }
+
+    /// Name of the leader-election Lease: one per installation.
+    pub fn leader_lease_name(&self) -> String {
+        if self.installation.is_empty() {
+            "tether-controller".into()
+        } else {
+            format!("tether-controller-{}", self.installation)
+        }
+    }
+}

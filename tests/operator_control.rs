@@ -1,0 +1,546 @@
+//! The controller in a shared cluster, with the real `tether operator` binary
+//! against the Kubernetes API emulator and the embedded store: one leader per
+//! installation and hand-over, two installations side by side, deletion while
+//! the table is unreachable, and garbage collection of orphaned items.
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tether::lease::{DesiredState, LeaseStore, ResourceIdentity, StreamKey};
+use tether_testkit::bed::loopback;
+use tether_testkit::dynamo_proxy::{DynamoFault, DynamoFaultProxy};
+use tether_testkit::fleet::{free_port, metric_sum};
+use tether_testkit::k8s::{self, Emulator};
+use tether_testkit::store::{endpoint, fresh_store};
+
+const NAMESPACE: &str = "feeds";
+
+/// One `tether operator` process.
+struct Operator {
+    child: tokio::process::Child,
+    metrics: SocketAddr,
+    log: PathBuf,
+}
+
+impl Operator {
+    fn start(
+        emulator: &Emulator,
+        store: &LeaseStore,
+        id: &str,
+        dir: &Path,
+        dynamodb: Option<&str>,
+        extra: &[&str],
+    ) -> Self {
+        let metrics = free_port().unwrap();
+        let log = dir.join(format!("{id}.log"));
+        let kubeconfig = emulator.kubeconfig(dir, NAMESPACE);
+        let mut cmd = k8s::operator_command_at(
+            Path::new(env!("CARGO_BIN_EXE_tether")),
+            store.table(),
+            id,
+            &kubeconfig,
+            Duration::from_secs(3),
+            Duration::from_millis(750),
+            metrics,
+        );
+        if let Some(endpoint) = dynamodb {
+            cmd.env("AWS_ENDPOINT_URL_DYNAMODB", endpoint);
+        }
+        let child = cmd
+            .args(extra)
+            .env("POD_NAMESPACE", NAMESPACE)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            metrics,
+            log,
+        }
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        let text = reqwest::get(format!("http://{}/metrics", self.metrics))
+            .await
+            .ok();
+        match text {
+            Some(r) => metric_sum(&r.text().await.unwrap_or_default(), name, ""),
+            None => 0.0,
+        }
+    }
+
+    async fn leading(&self) -> bool {
+        self.metric("tether_controller_leader").await == 1.0
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal(&self, signal: Signal) {
+        let pid = self.child.id().expect("running") as i32;
+        kill(Pid::from_raw(pid), signal).unwrap();
+    }
+}
+
+/// Polls until `check` holds; panics after `limit` with `what` and `explain()`.
+async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F, explain: impl Fn() -> String)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting until {what}\n{}",
+            explain()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+struct Api {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    fn new(emulator: &Emulator) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            base: format!(
+                "{}/apis/tether.dev/v1alpha1/namespaces/{NAMESPACE}/streamconnections",
+                emulator.url
+            ),
+        }
+    }
+
+    async fn create(&self, name: &str, installation: Option<&str>) {
+        let mut metadata = json!({"name": name, "namespace": NAMESPACE});
+        if let Some(i) = installation {
+            metadata["labels"] = json!({"tether.dev/installation": i});
+        }
+        let manifest = json!({
+            "apiVersion": "tether.dev/v1alpha1",
+            "kind": "StreamConnection",
+            "metadata": metadata,
+            // Nothing listens there: the stream stays in backoff, which is
+            // all these tests need.
+            "spec": {"url": "ws://127.0.0.1:9/feed", "sink": {"log": {}}},
+        });
+        let r = self
+            .http
+            .post(&self.base)
+            .json(&manifest)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    }
+
+    async fn get(&self, name: &str) -> Option<Value> {
+        let r = self
+            .http
+            .get(format!("{}/{name}", self.base))
+            .send()
+            .await
+            .ok()?;
+        if r.status() == 404 {
+            return None;
+        }
+        r.json().await.ok()
+    }
+
+    async fn patch(&self, name: &str, body: Value) {
+        let r = self
+            .http
+            .patch(format!("{}/{name}", self.base))
+            .header("content-type", "application/merge-patch+json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    }
+
+    async fn delete(&self, name: &str) {
+        let r = self
+            .http
+            .delete(format!("{}/{name}", self.base))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    }
+
+    async fn ready_reason(&self, name: &str) -> Option<String> {
+        let obj = self.get(name).await?;
+        obj["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .and_then(|c| c["reason"].as_str().map(String::from))
+    }
+}
+
+async fn mirrored(store: &LeaseStore, name: &str) -> bool {
+    store
+        .get(&StreamKey::new(NAMESPACE, name))
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|r| !r.is_tombstone())
+}
+
+async fn lease_holder(emulator: &Emulator, name: &str) -> Option<String> {
+    let url = format!(
+        "{}/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{name}",
+        emulator.url
+    );
+    let lease: Value = reqwest::get(url).await.ok()?.json().await.ok()?;
+    lease["spec"]["holderIdentity"].as_str().map(String::from)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_reconciles_and_a_standby_takes_over_when_it_dies() {
+    let emulator = Emulator::start();
+    let store = fresh_store(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = Api::new(&emulator);
+    let a = Operator::start(&emulator, &store, "op-a", dir.path(), None, &[]);
+    let explain = || std::fs::read_to_string(dir.path().join("op-a.log")).unwrap_or_default();
+    eventually(
+        Duration::from_secs(20),
+        "op-a leads",
+        || a.leading(),
+        explain,
+    )
+    .await;
+    let b = Operator::start(&emulator, &store, "op-b", dir.path(), None, &[]);
+    let both = || format!("op-a:\n{}\nop-b:\n{}", a.log(), b.log());
+    eventually(
+        Duration::from_secs(20),
+        "op-b is up (standing by)",
+        || async {
+            reqwest::get(format!("http://{}/metrics", b.metrics))
+                .await
+                .is_ok()
+        },
+        both,
+    )
+    .await;
+    api.create("first", None).await;
+    eventually(
+        Duration::from_secs(20),
+        "the leader mirrors a new resource",
+        || mirrored(&store, "first"),
+        both,
+    )
+    .await;
+    // Several renewals later the standby still stands by.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(a.leading().await, "{}", both());
+    assert!(!b.leading().await, "two leaders\n{}", both());
+    assert_eq!(b.metric("tether_controller_reconciles_total").await, 0.0);
+    assert!(
+        lease_holder(&emulator, "tether-controller")
+            .await
+            .is_some_and(|h| h.starts_with("op-a-")),
+        "{}",
+        both()
+    );
+
+    // The leader crashes: the standby takes over after the lease (3 s).
+    a.signal(Signal::SIGKILL);
+    let crashed = tokio::time::Instant::now();
+    eventually(
+        Duration::from_secs(15),
+        "op-b leads",
+        || b.leading(),
+        || b.log(),
+    )
+    .await;
+    let took = crashed.elapsed();
+    api.create("second", None).await;
+    eventually(
+        Duration::from_secs(20),
+        "the new leader mirrors a new resource",
+        || mirrored(&store, "second"),
+        || b.log(),
+    )
+    .await;
+    assert!(
+        lease_holder(&emulator, "tether-controller")
+            .await
+            .is_some_and(|h| h.starts_with("op-b-")),
+        "{}",
+        b.log()
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+
+    // A clean stop hands over at the next attempt, not after a lease.
+    let c = Operator::start(&emulator, &store, "op-c", dir.path(), None, &[]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!c.leading().await);
+    b.signal(Signal::SIGTERM);
+    eventually(
+        Duration::from_secs(15),
+        "op-c leads after op-b stopped cleanly",
+        || c.leading(),
+        || format!("op-b:\n{}\nop-c:\n{}", b.log(), c.log()),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_installations_in_one_cluster_never_claim_the_same_resource() {
+    let emulator = Emulator::start();
+    let prod_table = fresh_store(None).await;
+    let staging_table = fresh_store(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = Api::new(&emulator);
+    let prod = Operator::start(&emulator, &prod_table, "prod", dir.path(), None, &[]);
+    let staging = Operator::start(
+        &emulator,
+        &staging_table,
+        "staging",
+        dir.path(),
+        None,
+        &["--installation", "staging"],
+    );
+    let explain = || format!("prod:\n{}\nstaging:\n{}", prod.log(), staging.log());
+    // Another cluster wrote `feeds/shared` into the staging table first.
+    let foreign = tether_testkit::fixtures::log_spec("ws://127.0.0.1:9/x").to_desired(
+        StreamKey::new(NAMESPACE, "shared"),
+        1,
+        Some(ResourceIdentity {
+            uid: "uid-elsewhere".into(),
+            created_ms: 1,
+            installation: "eu-cluster".into(),
+        }),
+    );
+    staging_table.upsert_desired(&foreign).await.unwrap();
+    api.create("unlabelled", None).await;
+    api.create("for-staging", Some("staging")).await;
+    api.create("shared", Some("staging")).await;
+    eventually(
+        Duration::from_secs(20),
+        "each installation mirrors its own resource",
+        || async {
+            mirrored(&prod_table, "unlabelled").await
+                && mirrored(&staging_table, "for-staging").await
+        },
+        explain,
+    )
+    .await;
+    eventually(
+        Duration::from_secs(20),
+        "the other installation's item is refused in status",
+        || async { api.ready_reason("shared").await.as_deref() == Some("MirrorRefused") },
+        explain,
+    )
+    .await;
+    // Well after both reconciled everything: nothing crossed over.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!mirrored(&prod_table, "for-staging").await, "{}", explain());
+    assert!(!mirrored(&prod_table, "shared").await, "{}", explain());
+    assert!(
+        !mirrored(&staging_table, "unlabelled").await,
+        "{}",
+        explain()
+    );
+    let kept = staging_table
+        .get(&StreamKey::new(NAMESPACE, "shared"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(kept.installation.as_deref(), Some("eu-cluster"));
+    assert_eq!(kept.uid.as_deref(), Some("uid-elsewhere"));
+    let prod_item = prod_table
+        .get(&StreamKey::new(NAMESPACE, "unlabelled"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(prod_item.installation.as_deref(), Some("default"));
+    // Each installation leads through its own Lease.
+    assert!(prod.leading().await && staging.leading().await);
+    assert!(lease_holder(&emulator, "tether-controller").await.is_some());
+    assert!(
+        lease_holder(&emulator, "tether-controller-staging")
+            .await
+            .is_some()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletion_while_the_table_is_unreachable_is_reported_and_can_be_skipped_then_collected() {
+    let emulator = Emulator::start();
+    let store = fresh_store(None).await;
+    let proxy = DynamoFaultProxy::start(loopback(), &endpoint().0)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let api = Api::new(&emulator);
+    let op = Operator::start(
+        &emulator,
+        &store,
+        "op",
+        dir.path(),
+        Some(&proxy.endpoint()),
+        &["--gc-grace", "2s"],
+    );
+    let explain = || op.log();
+    api.create("doomed", None).await;
+    eventually(
+        Duration::from_secs(20),
+        "mirrored with status",
+        || async { mirrored(&store, "doomed").await && api.ready_reason("doomed").await.is_some() },
+        explain,
+    )
+    .await;
+
+    proxy.set(DynamoFault::Blackhole);
+    api.delete("doomed").await;
+    eventually(
+        Duration::from_secs(30),
+        "status says the cleanup is blocked",
+        || async { api.ready_reason("doomed").await.as_deref() == Some("CleanupBlocked") },
+        explain,
+    )
+    .await;
+    let events: Value = reqwest::get(format!(
+        "{}/apis/events.k8s.io/v1/namespaces/{NAMESPACE}/events",
+        emulator.url
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert!(
+        events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "CleanupBlocked"),
+        "{events}"
+    );
+    assert!(api.get("doomed").await.is_some(), "the finalizer holds it");
+
+    // The admin lets it go; the item stays until the table answers again.
+    api.patch(
+        "doomed",
+        json!({"metadata": {"annotations": {"tether.dev/skip-cleanup": "true"}}}),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(20),
+        "the resource is gone",
+        || async { api.get("doomed").await.is_none() },
+        explain,
+    )
+    .await;
+    assert!(mirrored(&store, "doomed").await, "left in the table");
+    proxy.set(DynamoFault::Pass);
+    eventually(
+        Duration::from_secs(30),
+        "the garbage collector stops and deletes the orphaned item",
+        || async { !mirrored(&store, "doomed").await },
+        explain,
+    )
+    .await;
+    let item = store
+        .get(&StreamKey::new(NAMESPACE, "doomed"))
+        .await
+        .unwrap();
+    assert!(
+        item.is_none_or(|r| r.is_tombstone() && r.desired_state == DesiredState::Stopped),
+        "a tombstone keeps the token"
+    );
+    assert_eq!(
+        op.metric("tether_controller_items_collected_total").await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_whose_finalizer_was_stripped_by_hand_is_collected_after_the_grace_only() {
+    let emulator = Emulator::start();
+    let store = fresh_store(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = Api::new(&emulator);
+    let op = Operator::start(
+        &emulator,
+        &store,
+        "op",
+        dir.path(),
+        None,
+        &["--gc-grace", "4s"],
+    );
+    let explain = || op.log();
+    api.create("stripped", None).await;
+    api.create("kept", None).await;
+    eventually(
+        Duration::from_secs(20),
+        "both mirrored",
+        || async { mirrored(&store, "stripped").await && mirrored(&store, "kept").await },
+        explain,
+    )
+    .await;
+    // An item the controller did not write (standalone `tether apply`) is
+    // never collected, whatever its name.
+    let standalone = tether_testkit::fixtures::log_spec("ws://127.0.0.1:9/x").to_desired(
+        StreamKey::new(NAMESPACE, "standalone"),
+        1,
+        None,
+    );
+    store.upsert_desired(&standalone).await.unwrap();
+    // While no operator runs, an admin strips the finalizer and deletes the
+    // resource: nothing cleans the item up at deletion.
+    let mut op = op;
+    op.child.kill().await.unwrap();
+    api.patch("stripped", json!({"metadata": {"finalizers": []}}))
+        .await;
+    api.delete("stripped").await;
+    assert!(api.get("stripped").await.is_none());
+    let op = Operator::start(
+        &emulator,
+        &store,
+        "op2",
+        dir.path(),
+        None,
+        &["--gc-grace", "4s"],
+    );
+    let explain = || op.log();
+    let gone_at = tokio::time::Instant::now();
+    eventually(
+        Duration::from_secs(20),
+        "op2 leads",
+        || op.leading(),
+        explain,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        mirrored(&store, "stripped").await,
+        "collected before the grace"
+    );
+    eventually(
+        Duration::from_secs(30),
+        "collected after the grace",
+        || async { !mirrored(&store, "stripped").await },
+        explain,
+    )
+    .await;
+    assert!(gone_at.elapsed() >= Duration::from_secs(4));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(mirrored(&store, "kept").await, "{}", op.log());
+    assert!(mirrored(&store, "standalone").await, "{}", op.log());
+}
