@@ -179,6 +179,55 @@ async fn a_finalized_resource_is_mirrored_and_its_status_applied() {
     );
 }
 
+#[tokio::test]
+async fn at_steady_state_a_reconcile_is_one_read_and_no_write_anywhere() {
+    let metrics = tether::metrics::Metrics::new();
+    let store = LeaseStore::connect(
+        tether_testkit::store::store_config(&tether_testkit::store::unique_table("t")),
+        metrics.store.clone(),
+    )
+    .await
+    .unwrap();
+    store.create_table().await.unwrap();
+    let (service, mut handle) = pair::<Request<Body>, Response<Body>>();
+    let ctx = Arc::new(Context::new(
+        Client::new(service, "default"),
+        store.clone(),
+        settings(""),
+        Arc::default(),
+    ));
+    let obj = finalized(sc("steady", "ws://127.0.0.1:9/x"));
+    let reply = serde_json::to_value(&obj).unwrap();
+    let server = tokio::spawn(async move {
+        let (_, body) = expect(
+            &mut handle,
+            Method::PATCH,
+            &format!("{OBJ_PATH}steady/status"),
+            reply,
+        )
+        .await;
+        (handle, body)
+    });
+    reconcile(Arc::new(obj.clone()), ctx.clone()).await.unwrap();
+    let (mut handle, body) = server.await.unwrap();
+    // The next reconcile sees the status it wrote and an item that matches.
+    let mut current = obj;
+    current.status = Some(serde_json::from_value(body["status"].clone()).unwrap());
+    let count = |op: &str| {
+        tether_testkit::fleet::metric_sum(
+            &metrics.encode(),
+            "tether_dynamodb_requests_total",
+            &format!("operation=\"{op}\""),
+        )
+    };
+    let (reads, writes) = (count("get_item"), count("upsert_desired"));
+    reconcile(Arc::new(current), ctx).await.unwrap();
+    let next = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;
+    assert!(!matches!(next, Ok(Some(_))), "no API call at steady state");
+    assert_eq!(count("upsert_desired"), writes, "no table write");
+    assert_eq!(count("get_item"), reads + 1.0, "one read of the item");
+}
+
 /// Reconciles `obj`, expecting `Ready=False/InvalidSpec` naming `field`, a
 /// Warning event, no table write and no retry until the object changes.
 async fn assert_refused_as_invalid(obj: StreamConnection, field: &'static str) {

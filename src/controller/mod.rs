@@ -217,14 +217,26 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     let generation = obj.metadata.generation.unwrap_or(1);
-    let outcome = ctx
-        .store
-        .upsert_desired(&obj.spec.to_desired(
-            key.clone(),
-            generation,
-            resource_of(obj, ctx.settings.item_installation()),
-        ))
-        .await?;
+    let desired = obj.spec.to_desired(
+        key.clone(),
+        generation,
+        resource_of(obj, ctx.settings.item_installation()),
+    );
+    // The status needs the item anyway: read it first, and write (a read
+    // and a conditional write of its own) only when it does not match.
+    let mut view = ctx.store.view(&key).await?;
+    let outcome = if view
+        .as_ref()
+        .is_some_and(|v| LeaseStore::mirrors(&v.record, &desired))
+    {
+        UpsertOutcome::Unchanged
+    } else {
+        let outcome = ctx.store.upsert_desired(&desired).await?;
+        if outcome == UpsertOutcome::Applied {
+            view = ctx.store.view(&key).await?;
+        }
+        outcome
+    };
     let refused = match outcome {
         UpsertOutcome::Refused { reason } => Some(match reason {
             UpsertRefusal::StaleGeneration { stored } => format!(
@@ -243,7 +255,6 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
         }),
         _ => None,
     };
-    let view = ctx.store.view(&key).await?;
     let status = status::compute(obj, view.as_ref(), None, refused.as_deref());
     let previous = obj.status.clone();
     let significant = status::significant_change(previous.as_ref(), &status);

@@ -126,3 +126,52 @@ fn worth_reconciling(obj: &StreamConnection) -> Option<u64> {
 pub fn known(readers: &[Store<StreamConnection>]) -> Vec<Arc<StreamConnection>> {
     readers.iter().flat_map(|r| r.state()).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{StreamConnectionSpec, StreamConnectionStatus};
+
+    fn resource() -> StreamConnection {
+        let spec: StreamConnectionSpec =
+            serde_json::from_value(serde_json::json!({"url": "ws://x/y", "sink": {"log": {}}}))
+                .unwrap();
+        let mut obj = StreamConnection::new("s", spec);
+        obj.metadata.generation = Some(1);
+        obj.metadata.resource_version = Some("1".into());
+        obj
+    }
+
+    #[test]
+    fn a_status_write_does_not_trigger_a_reconcile_but_a_spec_or_deletion_does() {
+        let base = resource();
+        let mut status_only = base.clone();
+        status_only.status = Some(StreamConnectionStatus {
+            phase: Some("Connected".into()),
+            ..StreamConnectionStatus::default()
+        });
+        status_only.metadata.resource_version = Some("2".into());
+        assert_eq!(worth_reconciling(&base), worth_reconciling(&status_only));
+
+        let mut spec_change = base.clone();
+        spec_change.metadata.generation = Some(2);
+        assert_ne!(worth_reconciling(&base), worth_reconciling(&spec_change));
+
+        let mut deleting = base.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        assert_ne!(worth_reconciling(&base), worth_reconciling(&deleting));
+
+        let mut skip = base.clone();
+        skip.metadata.annotations = Some(
+            [(
+                crate::controller::settings::SKIP_CLEANUP_ANNOTATION.to_string(),
+                "true".to_string(),
+            )]
+            .into(),
+        );
+        assert_ne!(worth_reconciling(&base), worth_reconciling(&skip));
+    }
+}

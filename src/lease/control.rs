@@ -163,6 +163,19 @@ fn matches(current: &StreamRecord, desired: &DesiredStream, spec: &serde_json::V
 }
 
 impl LeaseStore {
+    /// Whether `record` already carries `desired` (and would be left
+    /// unchanged by [`LeaseStore::upsert_desired`]): lets the controller skip
+    /// the write, and its read, at steady state.
+    pub fn mirrors(record: &StreamRecord, desired: &DesiredStream) -> bool {
+        match serde_json::to_string(&desired.spec)
+            .ok()
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        {
+            Some(spec) => refusal(record, desired).is_none() && matches(record, desired, &spec),
+            None => false,
+        }
+    }
+
     /// Mirrors desired state into the item, creating it if needed. Never
     /// touches lease fields or `last_seq` (a new item is created unowned, with
     /// `lease_expires_at_ms = 0`). Refuses an older generation of the same

@@ -284,7 +284,7 @@ impl Bed {
 }
 
 /// A table made by tether 0.1 (only the `by_state` index), and a client for it.
-async fn legacy_store(legacy: &std::path::Path) -> anyhow::Result<LeaseStore> {
+pub async fn legacy_store(legacy: &std::path::Path) -> anyhow::Result<LeaseStore> {
     let table = crate::store::unique_table("v1");
     let out = std::process::Command::new(legacy)
         .args(["--table", &table, "table", "create"])

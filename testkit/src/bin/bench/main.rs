@@ -4,10 +4,11 @@
 //! loopback (the 100,000-stream run is a lease-only simulation in one process,
 //! through a capacity model of DynamoDB partitions).
 //!
-//!   scripts/bench [all|failover|rolling|chaos|cost|scale|restart|sessions|throughput] [--quick] [--seed N]
+//!   scripts/bench [all|failover|rolling|chaos|cost|scale|restart|controller|sessions|throughput] [--quick] [--seed N]
 //!
 //! Prints a table and writes JSON + Markdown under bench/results/.
 
+mod controller;
 mod cost;
 mod designs;
 mod failover;
@@ -53,6 +54,9 @@ pub struct Profile {
     pub storm_streams: usize,
     pub throughput_sessions: usize,
     pub throughput_window: Duration,
+    /// Resources and measuring window of the controller run.
+    pub controller_resources: usize,
+    pub controller_window: Duration,
 }
 
 impl Profile {
@@ -75,6 +79,8 @@ impl Profile {
             storm_streams: 5000,
             throughput_sessions: 50,
             throughput_window: Duration::from_secs(10),
+            controller_resources: 1000,
+            controller_window: Duration::from_secs(60),
         }
     }
 
@@ -98,6 +104,8 @@ impl Profile {
             storm_streams: 1000,
             throughput_sessions: 20,
             throughput_window: Duration::from_secs(5),
+            controller_resources: 200,
+            controller_window: Duration::from_secs(30),
         }
     }
 }
@@ -184,6 +192,10 @@ async fn main() -> anyhow::Result<()> {
     }
     if all || which == "scale" {
         results.insert("scale".into(), scale::run(&ctx).await?);
+        save(&ctx, &results, started, &which)?;
+    }
+    if all || which == "controller" {
+        results.insert("controller".into(), controller::run(&ctx).await?);
         save(&ctx, &results, started, &which)?;
     }
     if all || which == "sessions" {

@@ -213,6 +213,31 @@ fn markdown(r: &Value) -> String {
         }
         md.push('\n');
     }
+    if let Some(c) = res.get("controller") {
+        md.push_str(&format!(
+            "## Controller load ({} resources served, Kubernetes API emulator, per minute over {} s)\n\n\
+             | design | replicas | phase | API writes | status PATCHes | events | leader Lease requests | DynamoDB upserts | DynamoDB GetItem |\n|---|---|---|---|---|---|---|---|---|\n",
+            c["resources"], f(&c["window_s"])
+        ));
+        for replicas in [1, 3] {
+            for design in ["tether", "tether 0.1"] {
+                let x = &c[format!("{design} x{replicas}")];
+                for phase in ["steady", "failover"] {
+                    let p = &x[phase];
+                    md.push_str(&format!(
+                        "| {design} | {replicas} | {phase} | {} | {} | {} | {} | {} | {} |\n",
+                        f(&p["api_writes_per_min"]),
+                        f(&p["status_patches_per_min"]),
+                        f(&p["events_per_min"]),
+                        f(&p["lease_requests_per_min"]),
+                        f(&p["dynamodb_upserts_per_min"]),
+                        f(&p["dynamodb_get_item_per_min"]),
+                    ));
+                }
+            }
+        }
+        md.push('\n');
+    }
     if let Some(t) = res.get("throughput") {
         md.push_str(&format!(
             "## Throughput ({} sessions, offered {} msg/s)\n\n| tether → HTTP sink msg/s | bare tokio-tungstenite read msg/s | ratio |\n|---|---|---|\n| {} | {} | {} |\n\n",
