@@ -1,6 +1,7 @@
 //! Command-line and environment configuration. Every flag also reads an
 //! environment variable, and every default is documented here and in `--help`.
 
+use crate::manifest::Validation;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -85,22 +86,65 @@ pub enum Command {
     /// Worker only, no Kubernetes: acquire, serve, renew and release streams.
     Worker(WorkerArgs),
     /// Standalone control plane: upsert StreamConnection manifests into the table.
+    /// Exits 0 when every document applied, 1 when any was invalid or refused
+    /// (the valid ones are still applied).
     Apply {
-        /// A YAML file (several documents allowed) or a directory of them.
-        #[arg(short = 'f', long = "filename", env = "TETHER_APPLY_FILE")]
-        path: PathBuf,
+        /// A YAML/JSON file (several documents allowed), a directory of them,
+        /// or `-` for standard input. Repeatable.
+        #[arg(
+            short = 'f',
+            long = "filename",
+            env = "TETHER_APPLY_FILE",
+            value_delimiter = ',',
+            required = true
+        )]
+        files: Vec<PathBuf>,
+        /// Descend into subdirectories of directories given with `-f`.
+        #[arg(short = 'R', long)]
+        recursive: bool,
+        /// Fields the CRD does not declare: refuse the document (`strict`,
+        /// also `true`), apply with a warning (`warn`) or silently (`ignore`,
+        /// also `false`).
+        #[arg(long, value_enum, default_value_t = Validation::Strict)]
+        validate: Validation,
     },
     /// Show streams: desired state, phase, owner, lease left, last_seq.
     Get {
-        /// `namespace/name` or `name` (namespace `default`); all streams when omitted.
+        /// `name` or `namespace/name`; every stream in scope when omitted.
         name: Option<String>,
+        /// Namespace of `name`, or the only namespace listed (`default` for a bare name).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// Every namespace (the default when neither a name nor `-n` is given).
+        #[arg(short = 'A', long = "all-namespaces", conflicts_with = "namespace")]
+        all_namespaces: bool,
         #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Table)]
         output: OutputFormat,
+        /// Keep running and print a row again whenever it changes.
+        #[arg(short = 'w', long)]
+        watch: bool,
     },
-    /// Delete a stream: its owner notices within one heartbeat and closes the session.
+    /// Delete streams: each is stopped, its owner releases it, then it is removed.
     Delete {
-        /// `namespace/name` or `name` (namespace `default`).
-        name: String,
+        /// `name` or `namespace/name`, several allowed.
+        names: Vec<String>,
+        /// Delete the streams these manifests name (files, directories, `-`).
+        #[arg(short = 'f', long = "filename", value_delimiter = ',')]
+        files: Vec<PathBuf>,
+        /// Descend into subdirectories of directories given with `-f`.
+        #[arg(short = 'R', long)]
+        recursive: bool,
+        /// Namespace of bare names (default `default`).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// A stream that does not exist is not an error.
+        #[arg(long)]
+        ignore_not_found: bool,
+    },
+    /// Print a shell completion script (`source <(tether completion bash)`).
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
     /// Manage the lease table.
     Table {
@@ -139,8 +183,14 @@ pub enum TableCommand {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
+    /// Columns: name, state, phase, owner, token, last_seq.
     Table,
+    /// The table plus URL, reason and proven-for.
+    Wide,
     Json,
+    Yaml,
+    /// `streamconnection/<namespace>/<name>` per line.
+    Name,
 }
 
 #[derive(Clone, Debug, Args)]

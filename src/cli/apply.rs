@@ -3,8 +3,9 @@
 use crate::lease::{
     DeleteOutcome, DesiredState, LeaseStore, StreamKey, UpsertOutcome, UpsertRefusal,
 };
+use crate::manifest::{LoadOptions, Loaded, Validation};
 use anyhow::{Context, bail};
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// How long `tether delete` waits for the owner to release the stream.
@@ -13,9 +14,20 @@ const DELETE_WAIT: Duration = Duration::from_secs(30);
 /// `tether apply -f`: upsert every valid manifest; report every invalid one.
 /// Fails (after applying the valid ones) when any document was invalid or a
 /// write was refused.
-pub async fn apply(store: &LeaseStore, path: &Path) -> anyhow::Result<()> {
+pub async fn apply(
+    store: &LeaseStore,
+    sources: &[PathBuf],
+    options: &LoadOptions,
+) -> anyhow::Result<()> {
     store.check_table().await?;
-    let (manifests, errors) = crate::manifest::load(path);
+    let Loaded {
+        manifests,
+        errors,
+        warnings,
+    } = crate::manifest::load(sources, options);
+    for w in &warnings {
+        eprintln!("warning: {w}");
+    }
     for e in &errors {
         eprintln!("error: {e}");
     }
@@ -71,21 +83,78 @@ pub async fn apply(store: &LeaseStore, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `tether delete NAME`: marks the stream STOPPED, waits for its owner to
-/// release it (so nothing is deleted under a live session), then deletes it,
-/// keeping its fencing token in a tombstone.
-pub async fn delete(store: &LeaseStore, name: &str) -> anyhow::Result<()> {
+/// `tether delete`: for each stream named (or named by a manifest), marks it
+/// STOPPED, waits for its owner to release it (so nothing is deleted under a
+/// live session), then deletes it, keeping its fencing token in a tombstone.
+/// Every stream is attempted; fails if any could not be deleted.
+pub async fn delete(
+    store: &LeaseStore,
+    names: &[String],
+    namespace: Option<&str>,
+    sources: &[PathBuf],
+    recursive: bool,
+    ignore_not_found: bool,
+) -> anyhow::Result<()> {
     store.check_table().await?;
-    let key =
-        StreamKey::parse(name).with_context(|| format!("'{name}' is not a valid stream name"))?;
-    match store.delete_stream(&key, DELETE_WAIT).await? {
-        DeleteOutcome::Deleted => {
-            println!("streamconnection {key} deleted");
-            Ok(())
-        }
-        DeleteOutcome::NotFound => bail!("stream {key} not found in table {}", store.table()),
-        DeleteOutcome::StillOwned { owner } => bail!(
-            "{key} is STOPPED but {owner} has not released it within {DELETE_WAIT:?}; run delete again"
-        ),
+    let mut keys = Vec::new();
+    for name in names {
+        keys.push(qualified(name, namespace)?);
     }
+    if !sources.is_empty() {
+        // Only the names matter here: a manifest with a typo still names a stream.
+        let loaded = crate::manifest::load(
+            sources,
+            &LoadOptions {
+                recursive,
+                validation: Validation::Ignore,
+            },
+        );
+        for e in &loaded.errors {
+            eprintln!("error: {e}");
+        }
+        if !loaded.errors.is_empty() {
+            bail!(
+                "{} unreadable document(s); nothing deleted",
+                loaded.errors.len()
+            );
+        }
+        keys.extend(loaded.manifests.into_iter().map(|m| m.key));
+    }
+    if keys.is_empty() {
+        bail!("name at least one stream, or -f a manifest");
+    }
+    let mut failed = 0;
+    for key in keys {
+        match store.delete_stream(&key, DELETE_WAIT).await {
+            Ok(DeleteOutcome::Deleted) => println!("streamconnection {key} deleted"),
+            Ok(DeleteOutcome::NotFound) if ignore_not_found => {}
+            Ok(DeleteOutcome::NotFound) => {
+                failed += 1;
+                eprintln!("error: stream {key} not found in table {}", store.table());
+            }
+            Ok(DeleteOutcome::StillOwned { owner }) => {
+                failed += 1;
+                eprintln!(
+                    "error: {key} is STOPPED but {owner} has not released it within {DELETE_WAIT:?}; run delete again"
+                );
+            }
+            Err(e) => {
+                failed += 1;
+                eprintln!("error: {key}: {e}");
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} stream(s) not deleted");
+    }
+    Ok(())
+}
+
+/// `name` in `namespace` (default `default`), or `namespace/name` as given.
+pub fn qualified(name: &str, namespace: Option<&str>) -> anyhow::Result<StreamKey> {
+    let full = match (name.contains('/'), namespace) {
+        (false, Some(ns)) => format!("{ns}/{name}"),
+        _ => name.to_string(),
+    };
+    StreamKey::parse(&full).with_context(|| format!("'{full}' is not a valid stream name"))
 }

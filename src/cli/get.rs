@@ -2,49 +2,125 @@
 //! has proven itself for, and the freshest checkpoint.
 
 use crate::config::OutputFormat;
-use crate::lease::{LeaseStore, StreamKey, StreamView, now_ms};
-use anyhow::{Context, bail};
+use crate::lease::{LeaseStore, StreamView, now_ms};
+use anyhow::bail;
+
+/// What `tether get` lists.
+pub struct Selection<'a> {
+    pub name: Option<&'a str>,
+    pub namespace: Option<&'a str>,
+}
+
+/// How often `--watch` reads the table again.
+const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub async fn get(
     store: &LeaseStore,
-    name: Option<&str>,
+    selection: Selection<'_>,
     output: OutputFormat,
+    watch: bool,
 ) -> anyhow::Result<()> {
     store.check_table().await?;
-    let views = match name {
-        Some(name) => {
-            let key = StreamKey::parse(name)
-                .with_context(|| format!("'{name}' is not a valid stream name"))?;
-            match store.view(&key).await? {
-                Some(v) => vec![v],
-                None => bail!("stream {key} not found in table {}", store.table()),
+    let single = selection.name.is_some();
+    let mut shown: std::collections::HashMap<String, String> = Default::default();
+    let mut first = true;
+    loop {
+        let views = select(store, &selection).await?;
+        let now = now_ms();
+        if !watch {
+            print!("{}", render(&views, now, output, single)?);
+            return Ok(());
+        }
+        // Watching: the header once, then a row whenever it changes.
+        let table = matches!(output, OutputFormat::Table | OutputFormat::Wide);
+        for (i, line) in render(&views, now, output, false)?.lines().enumerate() {
+            if table && i == 0 {
+                if first {
+                    println!("{line}");
+                }
+                continue;
+            }
+            let key = line
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            let unchanged = shown
+                .get(&key)
+                .is_some_and(|l| strip_lease(l) == strip_lease(line));
+            if !unchanged {
+                println!("{line}");
+                shown.insert(key, line.to_string());
             }
         }
-        None => {
-            let (views, malformed) = store.view_all().await?;
-            for m in malformed {
-                eprintln!(
-                    "warning: item {} is malformed ({}); skipped",
-                    m.pk, m.detail
-                );
-            }
-            views
+        first = false;
+        tokio::select! {
+            _ = crate::cli::shutdown_signal() => return Ok(()),
+            _ = tokio::time::sleep(WATCH_PERIOD) => {}
+        }
+    }
+}
+
+/// A row without its ever-moving lease column, so `--watch` prints changes only.
+fn strip_lease(line: &str) -> String {
+    line.split_whitespace()
+        .filter(|c| {
+            c.strip_suffix('s')
+                .is_none_or(|n| n.parse::<f64>().is_err())
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+async fn select(store: &LeaseStore, selection: &Selection<'_>) -> anyhow::Result<Vec<StreamView>> {
+    if let Some(name) = selection.name {
+        let key = super::apply::qualified(name, selection.namespace)?;
+        return match store.view(&key).await? {
+            Some(v) => Ok(vec![v]),
+            None => bail!("stream {key} not found in table {}", store.table()),
+        };
+    }
+    let (views, malformed) = store.view_all().await?;
+    for m in malformed {
+        eprintln!(
+            "warning: item {} is malformed ({}); skipped",
+            m.pk, m.detail
+        );
+    }
+    Ok(views
+        .into_iter()
+        .filter(|v| {
+            selection
+                .namespace
+                .is_none_or(|ns| v.record.key.namespace == ns)
+        })
+        .collect())
+}
+
+fn render(
+    views: &[StreamView],
+    now: u64,
+    output: OutputFormat,
+    single: bool,
+) -> anyhow::Result<String> {
+    let rows = || -> serde_json::Value {
+        let rows: Vec<_> = views.iter().map(|v| json_row(v, now)).collect();
+        if single {
+            rows.into_iter().next().unwrap_or_default()
+        } else {
+            serde_json::Value::Array(rows)
         }
     };
-    let now = now_ms();
-    match output {
-        OutputFormat::Json => {
-            let rows: Vec<_> = views.iter().map(|v| json_row(v, now)).collect();
-            let value = if name.is_some() {
-                rows.into_iter().next().unwrap_or_default()
-            } else {
-                serde_json::Value::Array(rows)
-            };
-            println!("{}", serde_json::to_string_pretty(&value)?);
-        }
-        OutputFormat::Table => print!("{}", table_text(&views, now)),
-    }
-    Ok(())
+    Ok(match output {
+        OutputFormat::Json => format!("{}\n", serde_json::to_string_pretty(&rows())?),
+        OutputFormat::Yaml => serde_yaml::to_string(&rows())?,
+        OutputFormat::Name => views
+            .iter()
+            .map(|v| format!("streamconnection/{}\n", v.record.key))
+            .collect(),
+        OutputFormat::Table => table_text(views, now),
+        OutputFormat::Wide => wide_text(views, now),
+    })
 }
 
 fn json_row(v: &StreamView, now: u64) -> serde_json::Value {
@@ -68,7 +144,16 @@ fn json_row(v: &StreamView, now: u64) -> serde_json::Value {
 
 /// The human table `tether get` prints.
 pub fn table_text(views: &[StreamView], now: u64) -> String {
-    let mut rows = vec![[
+    columns(views, now, false)
+}
+
+/// `-o wide`: the table plus token, reason and URL.
+fn wide_text(views: &[StreamView], now: u64) -> String {
+    columns(views, now, true)
+}
+
+fn columns(views: &[StreamView], now: u64, wide: bool) -> String {
+    let mut rows = vec![vec![
         "NAME".to_string(),
         "STATE".into(),
         "PHASE".into(),
@@ -76,6 +161,9 @@ pub fn table_text(views: &[StreamView], now: u64) -> String {
         "LEASE-LEFT".into(),
         "LAST-SEQ".into(),
     ]];
+    if wide {
+        rows[0].extend(["TOKEN".to_string(), "REASON".into(), "URL".into()]);
+    }
     for v in views {
         let r = &v.record;
         let owner = v.live_owner();
@@ -88,16 +176,27 @@ pub fn table_text(views: &[StreamView], now: u64) -> String {
             (None, _) if r.desired_state == crate::lease::DesiredState::Stopped => "Stopped".into(),
             _ => "Pending".into(),
         };
-        rows.push([
+        let mut row = vec![
             r.key.to_string(),
             r.desired_state.as_str().to_string(),
             phase,
             owner.map_or("-", |o| o.worker_id.as_str()).to_string(),
             left,
             v.checkpoint.map_or_else(|| "-".into(), |s| s.to_string()),
-        ]);
+        ];
+        if wide {
+            row.extend([
+                r.lease_counter.to_string(),
+                r.status
+                    .as_ref()
+                    .and_then(|s| s.reason.clone())
+                    .unwrap_or_else(|| "-".into()),
+                r.ws_url.clone(),
+            ]);
+        }
+        rows.push(row);
     }
-    let widths: Vec<usize> = (0..6)
+    let widths: Vec<usize> = (0..rows[0].len())
         .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();

@@ -67,12 +67,53 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Table {
             command: TableCommand::FinishUpgrade,
         } => table::finish_upgrade(&open().await?.store).await,
-        Command::Get { ref name, output } => {
-            get::get(&open().await?.store, name.as_deref(), output).await
+        Command::Get {
+            ref name,
+            ref namespace,
+            all_namespaces: _,
+            output,
+            watch,
+        } => {
+            let selection = get::Selection {
+                name: name.as_deref(),
+                namespace: namespace.as_deref(),
+            };
+            get::get(&open().await?.store, selection, output, watch).await
         }
         Command::LocalStore { listen, ref data } => serve::local_store(listen, data).await,
-        Command::Apply { ref path } => apply::apply(&open().await?.store, path).await,
-        Command::Delete { ref name } => apply::delete(&open().await?.store, name).await,
+        Command::Apply {
+            ref files,
+            recursive,
+            validate,
+        } => {
+            let options = crate::manifest::LoadOptions {
+                recursive,
+                validation: validate,
+            };
+            apply::apply(&open().await?.store, files, &options).await
+        }
+        Command::Delete {
+            ref names,
+            ref files,
+            recursive,
+            ref namespace,
+            ignore_not_found,
+        } => {
+            apply::delete(
+                &open().await?.store,
+                names,
+                namespace.as_deref(),
+                files,
+                recursive,
+                ignore_not_found,
+            )
+            .await
+        }
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "tether", &mut std::io::stdout());
+            Ok(())
+        }
         Command::Demo(args) => crate::demo::run(args).await,
         Command::Worker(args) => {
             let open = open().await?;

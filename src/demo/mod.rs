@@ -88,7 +88,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let manifests = dir.join("streams.yaml");
     std::fs::write(&manifests, manifests_yaml(&feed, &sink, &names))?;
     println!("\n$ tether apply -f {}", manifests.display());
-    crate::cli::apply_manifests(&store, &manifests).await?;
+    crate::cli::apply_manifests(&store, &[manifests], &Default::default()).await?;
 
     let lease = args.lease_duration;
     let fleet = LocalWorkers {

@@ -1,6 +1,13 @@
-//! Reading `StreamConnection` manifests for `tether apply`: multi-document YAML
-//! files or directories of them, each problem reported with its file, document
+//! Reading `StreamConnection` manifests for `tether apply` and `tether
+//! delete -f`: multi-document YAML or JSON from files, directories (optionally
+//! recursive) or standard input, each problem reported with its file, document
 //! index and field, without stopping the valid documents from applying.
+//! Fields the CRD does not declare are refused (strict, as kubectl), warned
+//! about, or ignored.
+
+mod unknown;
+
+pub use unknown::{UnknownField, unknown_fields};
 
 use crate::crd::StreamConnectionSpec;
 use crate::lease::StreamKey;
@@ -43,60 +50,124 @@ impl fmt::Display for ManifestError {
     }
 }
 
+/// What to do with fields the CRD does not declare (`--validate`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Validation {
+    /// Refuse the document (kubectl's default).
+    #[default]
+    #[value(alias = "true")]
+    Strict,
+    /// Apply it and print a warning per field.
+    Warn,
+    /// Apply it silently (the unknown fields are dropped).
+    #[value(alias = "false")]
+    Ignore,
+}
+
+/// Where manifests come from and how they are read.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// Descend into subdirectories (`-R`).
+    pub recursive: bool,
+    pub validation: Validation,
+}
+
+/// Everything read from the sources.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub manifests: Vec<Manifest>,
+    pub errors: Vec<ManifestError>,
+    /// Unknown fields under `--validate=warn`.
+    pub warnings: Vec<ManifestError>,
+}
+
+/// The name standard input goes by in `-f -` and in messages.
+pub const STDIN: &str = "-";
+
 #[derive(Deserialize)]
 struct Metadata {
     name: Option<String>,
     namespace: Option<String>,
 }
 
-/// Reads every `.yaml`/`.yml`/`.json` file at `path` (a file or a directory,
-/// not recursive, in name order).
-pub fn load(path: &Path) -> (Vec<Manifest>, Vec<ManifestError>) {
-    let mut files = Vec::new();
-    let mut errors = Vec::new();
+/// Reads every source: `-` is standard input, a directory contributes its
+/// `.yaml`/`.yml`/`.json` files in name order (recursively with `-R`).
+pub fn load(sources: &[PathBuf], options: &LoadOptions) -> Loaded {
+    let mut loaded = Loaded::default();
     let file_error = |file: &Path, message: String| ManifestError {
         file: file.to_path_buf(),
         document: 0,
         field: "-".into(),
         message,
     };
-    if path.is_dir() {
-        match std::fs::read_dir(path) {
-            Ok(entries) => {
-                for entry in entries.flatten() {
-                    let p = entry.path();
-                    if matches!(
-                        p.extension().and_then(|e| e.to_str()),
-                        Some("yaml" | "yml" | "json")
-                    ) {
-                        files.push(p);
-                    }
-                }
+    let mut files = Vec::new();
+    for source in sources {
+        if source.as_os_str() == STDIN {
+            files.push(source.clone());
+        } else if source.is_dir() {
+            if let Err(e) = collect(source, options.recursive, &mut files) {
+                loaded
+                    .errors
+                    .push(file_error(source, format!("cannot read directory: {e}")));
             }
-            Err(e) => errors.push(file_error(path, format!("cannot read directory: {e}"))),
+        } else {
+            files.push(source.clone());
         }
-        files.sort();
-    } else {
-        files.push(path.to_path_buf());
     }
-    let mut manifests = Vec::new();
     for file in files {
-        match std::fs::read_to_string(&file) {
+        let text = if file.as_os_str() == STDIN {
+            std::io::read_to_string(std::io::stdin())
+        } else {
+            std::fs::read_to_string(&file)
+        };
+        match text {
             Ok(text) => {
-                let (m, e) = parse(&file, &text);
-                manifests.extend(m);
-                errors.extend(e);
+                let one = parse_with(&file, &text, options.validation);
+                loaded.manifests.extend(one.manifests);
+                loaded.errors.extend(one.errors);
+                loaded.warnings.extend(one.warnings);
             }
-            Err(e) => errors.push(file_error(&file, format!("cannot read file: {e}"))),
+            Err(e) => loaded
+                .errors
+                .push(file_error(&file, format!("cannot read file: {e}"))),
         }
     }
-    (manifests, errors)
+    loaded
+}
+
+/// The manifest files of `dir`, sorted, descending when `recursive`.
+fn collect(dir: &Path, recursive: bool, files: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            if recursive {
+                collect(&p, true, files)?;
+            }
+        } else if matches!(
+            p.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml" | "json")
+        ) {
+            files.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Parses the documents of one file, strictly.
+pub fn parse(file: &Path, text: &str) -> (Vec<Manifest>, Vec<ManifestError>) {
+    let loaded = parse_with(file, text, Validation::Strict);
+    (loaded.manifests, loaded.errors)
 }
 
 /// Parses the documents of one file.
-pub fn parse(file: &Path, text: &str) -> (Vec<Manifest>, Vec<ManifestError>) {
+pub fn parse_with(file: &Path, text: &str, validation: Validation) -> Loaded {
     let mut manifests = Vec::new();
     let mut errors = Vec::new();
+    let mut warnings = Vec::new();
     for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let index = i + 1;
         let error = |field: &str, message: String| ManifestError {
@@ -114,12 +185,42 @@ pub fn parse(file: &Path, text: &str) -> (Vec<Manifest>, Vec<ManifestError>) {
                 break;
             }
         };
+        if validation != Validation::Ignore && is_ours(&value) {
+            let json = serde_json::to_value(&value).unwrap_or_default();
+            let unknown: Vec<ManifestError> = unknown_fields(&json)
+                .into_iter()
+                .map(|u| {
+                    let message = match &u.did_you_mean {
+                        Some(s) => format!("unknown field (did you mean \"{s}\"?)"),
+                        None => "unknown field".to_string(),
+                    };
+                    error(&u.path, message)
+                })
+                .collect();
+            if !unknown.is_empty() {
+                if validation == Validation::Strict {
+                    errors.extend(unknown);
+                    continue;
+                }
+                warnings.extend(unknown);
+            }
+        }
         match document_to_manifest(file, index, value) {
             Ok(m) => manifests.push(m),
             Err(mut e) => errors.append(&mut e),
         }
     }
-    (manifests, errors)
+    Loaded {
+        manifests,
+        errors,
+        warnings,
+    }
+}
+
+/// A StreamConnection document (others are reported by kind, not by field).
+fn is_ours(value: &serde_yaml::Value) -> bool {
+    value.get("apiVersion").and_then(|v| v.as_str()) == Some(API_VERSION)
+        && value.get("kind").and_then(|v| v.as_str()) == Some(KIND)
 }
 
 fn document_to_manifest(
@@ -264,6 +365,19 @@ metadata: {name: other}
     }
 
     #[test]
+    fn a_misspelt_field_is_refused_strictly_warned_or_ignored_on_request() {
+        let doc = "apiVersion: tether.dev/v1alpha1\nkind: StreamConnection\nmetadata: {name: typo}\nspec: {url: 'ws://x/', desiredstate: Stopped, sink: {log: {}}}\n";
+        let strict = parse_with(Path::new("f.yaml"), doc, Validation::Strict);
+        assert!(strict.manifests.is_empty());
+        assert_eq!(strict.errors[0].field, "spec.desiredstate");
+        assert!(strict.errors[0].message.contains("desiredState"));
+        let warn = parse_with(Path::new("f.yaml"), doc, Validation::Warn);
+        assert_eq!((warn.manifests.len(), warn.warnings.len()), (1, 1));
+        let ignore = parse_with(Path::new("f.yaml"), doc, Validation::Ignore);
+        assert_eq!((ignore.manifests.len(), ignore.warnings.len()), (1, 0));
+    }
+
+    #[test]
     fn names_must_be_kubernetes_names() {
         let doc = "apiVersion: tether.dev/v1alpha1\nkind: StreamConnection\nmetadata: {name: Bad_Name}\nspec: {url: 'ws://x/', sink: {log: {}}}\n";
         let (_, errors) = parse(Path::new("f.yaml"), doc);
@@ -278,7 +392,8 @@ mod examples {
     #[test]
     fn shipped_examples_are_valid() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
-        let (manifests, errors) = super::load(&dir);
+        let loaded = super::load(&[dir], &super::LoadOptions::default());
+        let (manifests, errors) = (loaded.manifests, loaded.errors);
         let errors: Vec<String> = errors
             .iter()
             .filter(|e| e.field != "apiVersion") // the Secret in the auth example
