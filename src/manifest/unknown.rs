@@ -29,8 +29,7 @@ impl std::fmt::Display for UnknownField {
 fn schema() -> &'static Value {
     static SCHEMA: OnceLock<Value> = OnceLock::new();
     SCHEMA.get_or_init(|| {
-        use kube::CustomResourceExt;
-        let crd = crate::crd::StreamConnection::crd();
+        let crd = crate::crd::crd();
         crd.spec
             .versions
             .first()
