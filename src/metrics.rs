@@ -5,11 +5,12 @@
 //! cardinality grow with the number of streams.
 
 use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -72,7 +73,7 @@ impl StoreMetrics {
             .inc_by(units);
     }
 
-    fn register(self: &Arc<Self>, registry: &mut Registry) {
+    fn register(self: &Arc<Self>, registry: &mut Catalog) {
         registry.register(
             "tether_dynamodb_requests",
             "DynamoDB requests by operation and result",
@@ -158,7 +159,7 @@ impl Default for WorkerMetrics {
 }
 
 impl WorkerMetrics {
-    fn register(&self, r: &mut Registry) {
+    fn register(&self, r: &mut Catalog) {
         r.register(
             "tether_active_connections",
             "Streams assigned to this worker (held), connected or not: the HPA metric, so an upstream outage does not read as no load",
@@ -312,7 +313,7 @@ impl Default for ReconcileHistogram {
 }
 
 impl ControllerMetrics {
-    fn register(&self, r: &mut Registry) {
+    fn register(&self, r: &mut Catalog) {
         r.register(
             "tether_controller_leader",
             "1 while this replica is its installation's active controller (leader Lease held)",
@@ -351,9 +352,25 @@ impl ControllerMetrics {
     }
 }
 
+/// The registry, plus the name and type of everything registered in it (so
+/// the chart's alerts and dashboard can be checked against what is exported,
+/// even for families that have no sample yet).
+#[derive(Default)]
+struct Catalog {
+    registry: Registry,
+    names: Vec<(String, MetricType)>,
+}
+
+impl Catalog {
+    fn register(&mut self, name: &str, help: &str, metric: impl Metric) {
+        self.names.push((name.to_string(), metric.metric_type()));
+        self.registry.register(name, help, metric);
+    }
+}
+
 /// All metrics of one process and the registry that exposes them.
 pub struct Metrics {
-    registry: Registry,
+    catalog: Catalog,
     pub store: Arc<StoreMetrics>,
     pub worker: Arc<WorkerMetrics>,
     pub controller: Arc<ControllerMetrics>,
@@ -367,7 +384,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::default();
+        let mut registry = Catalog::default();
         let store = Arc::new(StoreMetrics::new());
         let worker = Arc::new(WorkerMetrics::default());
         let controller = Arc::new(ControllerMetrics::default());
@@ -380,18 +397,34 @@ impl Metrics {
             .set(1);
         registry.register("tether_build_info", "Build information", build_info);
         Self {
-            registry,
+            catalog: registry,
             store,
             worker,
             controller,
         }
     }
 
+    /// Every sample name this process can expose (`_total` for counters;
+    /// `_bucket`, `_sum`, `_count` for histograms), samples or not.
+    pub fn sample_names(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (name, kind) in &self.catalog.names {
+            match kind {
+                MetricType::Counter => out.push(format!("{name}_total")),
+                MetricType::Histogram => {
+                    out.extend(["_bucket", "_sum", "_count"].map(|s| format!("{name}{s}")))
+                }
+                _ => out.push(name.clone()),
+            }
+        }
+        out
+    }
+
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
+        let _ = encode(&mut out, &self.catalog.registry);
         out
     }
 
