@@ -13,6 +13,7 @@ pub mod http;
 pub mod lease;
 pub mod manifest;
 pub mod metrics;
+pub mod process_metrics;
 pub mod sink;
 pub mod worker;
 

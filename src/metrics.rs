@@ -366,6 +366,16 @@ impl Catalog {
         self.names.push((name.to_string(), metric.metric_type()));
         self.registry.register(name, help, metric);
     }
+
+    fn register_process_metrics(&mut self) {
+        self.names.extend(
+            crate::process_metrics::METRICS
+                .iter()
+                .map(|(name, kind)| (name.to_string(), kind.clone())),
+        );
+        self.registry
+            .register_collector(Box::new(crate::process_metrics::ProcessCollector));
+    }
 }
 
 /// All metrics of one process and the registry that exposes them.
@@ -391,6 +401,7 @@ impl Metrics {
         store.register(&mut registry);
         worker.register(&mut registry);
         controller.register(&mut registry);
+        registry.register_process_metrics();
         let build_info: Family<Labels1, Gauge> = Family::default();
         build_info
             .get_or_create(&[("version", env!("CARGO_PKG_VERSION"))])

@@ -32,6 +32,21 @@ fn queried(text: &str) -> BTreeSet<String> {
 }
 
 #[test]
+fn the_standard_process_metrics_are_exported_with_values() {
+    let metrics = tether::metrics::Metrics::new();
+    let text = metrics.encode_prometheus_text();
+    assert!(tether_testkit::fleet::metric_value(&text, "process_cpu_seconds_total").is_some());
+    for name in [
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        let value = tether_testkit::fleet::metric_value(&text, name);
+        assert!(value.is_some_and(|v| v > 0.0), "{name}: {value:?}\n{text}");
+    }
+}
+
+#[test]
 fn every_metric_the_alerts_and_the_dashboard_query_is_exported() {
     let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/tether");
     let exported = exported();
