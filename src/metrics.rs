@@ -371,7 +371,7 @@ impl Catalog {
         self.names.extend(
             crate::process_metrics::METRICS
                 .iter()
-                .map(|(name, kind)| (name.to_string(), kind.clone())),
+                .map(|(name, kind)| (name.to_string(), *kind)),
         );
         self.registry
             .register_collector(Box::new(crate::process_metrics::ProcessCollector));
