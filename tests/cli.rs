@@ -171,3 +171,54 @@ fn completions_are_generated_for_each_shell() {
     }
     assert!(Path::new(EXE).exists());
 }
+
+#[tokio::test]
+async fn get_watch_prints_a_row_again_when_it_changes_and_stops_on_sigint() {
+    let store = fresh_store(None).await;
+    let doc = manifest("watched", "default", "");
+    assert!(
+        tether(&store, &["apply", "-f", "-"], Some(&doc))
+            .status
+            .success()
+    );
+    let child = Command::new(EXE)
+        .args(["--table", store.table(), "get", "-w"])
+        .env("AWS_ENDPOINT_URL_DYNAMODB", endpoint().0)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "x")
+        .env("AWS_SECRET_ACCESS_KEY", "x")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let stopped = manifest("watched", "default", ", desiredState: Stopped");
+    assert!(
+        tether(&store, &["apply", "-f", "-"], Some(&stopped))
+            .status
+            .success()
+    );
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let printed = text(&out.stdout);
+    let rows: Vec<&str> = printed
+        .lines()
+        .filter(|l| l.starts_with("default/watched"))
+        .collect();
+    assert_eq!(
+        printed.lines().filter(|l| l.starts_with("NAME")).count(),
+        1,
+        "{printed}"
+    );
+    assert_eq!(rows.len(), 2, "{printed}");
+    assert!(
+        rows[0].contains("STARTED") && rows[1].contains("STOPPED"),
+        "{printed}"
+    );
+}

@@ -87,8 +87,24 @@ fn start_replica(
     Ok(Replica { child, metrics })
 }
 
+/// Requests to a saturated emulator must not hang the run.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long replicas get to put an owner on every resource's status.
+const SETTLE_LIMIT: Duration = Duration::from_secs(300);
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(HTTP_TIMEOUT)
+        .build()
+        .expect("an HTTP client")
+}
+
 async fn metrics_text(replica: &Replica) -> String {
-    match reqwest::get(format!("http://{}/metrics", replica.metrics)).await {
+    match http()
+        .get(format!("http://{}/metrics", replica.metrics))
+        .send()
+        .await
+    {
         Ok(r) => r.text().await.unwrap_or_default(),
         Err(_) => String::new(),
     }
@@ -104,7 +120,10 @@ struct Counts {
 }
 
 async fn counts(emulator: &Emulator, replicas: &[Replica], gone: &Counts) -> Counts {
-    let api: BTreeMap<String, f64> = match reqwest::get(format!("{}/_requests", emulator.url)).await
+    let api: BTreeMap<String, f64> = match http()
+        .get(format!("{}/_requests", emulator.url))
+        .send()
+        .await
     {
         Ok(r) => r.json().await.unwrap_or_default(),
         Err(_) => BTreeMap::new(),
@@ -171,7 +190,7 @@ async fn one(ctx: &Ctx, exe: &Path, replicas: usize) -> anyhow::Result<Value> {
     ));
     std::fs::create_dir_all(&dir)?;
     let kubeconfig = emulator.kubeconfig(&dir, NAMESPACE);
-    let http = reqwest::Client::new();
+    let http = http();
     let base = format!(
         "{}/apis/tether.dev/v1alpha1/namespaces/{NAMESPACE}/streamconnections",
         emulator.url
@@ -199,11 +218,11 @@ async fn one(ctx: &Ctx, exe: &Path, replicas: usize) -> anyhow::Result<Value> {
             dir.join(format!("op-{r}.log")),
         )?);
     }
-    // Every resource served and its status written once.
-    tether_testkit::bed::Bed::wait(
-        Duration::from_secs(600),
-        "every resource shows an owner",
-        || async {
+    // Every resource served and its status written once. A design that
+    // saturates the emulator may never get there: it is measured anyway, and
+    // the run says so.
+    let settled =
+        tether_testkit::bed::Bed::wait(SETTLE_LIMIT, "every resource shows an owner", || async {
             let list: Value = match http.get(&base).send().await {
                 Ok(r) => r.json().await.unwrap_or_default(),
                 Err(_) => return false,
@@ -211,9 +230,14 @@ async fn one(ctx: &Ctx, exe: &Path, replicas: usize) -> anyhow::Result<Value> {
             list["items"].as_array().is_some_and(|items| {
                 items.len() == n && items.iter().all(|o| o["status"]["owner"].is_string())
             })
-        },
-    )
-    .await?;
+        })
+        .await
+        .is_ok();
+    if !settled {
+        println!(
+            "controller: not every status showed an owner within {SETTLE_LIMIT:?} (emulator saturated); measuring anyway"
+        );
+    }
     tokio::time::sleep(Duration::from_secs(20)).await;
     let gone = Counts::default();
     let before = counts(&emulator, &fleet, &gone).await;
@@ -255,5 +279,5 @@ async fn one(ctx: &Ctx, exe: &Path, replicas: usize) -> anyhow::Result<Value> {
         let _ = r.child.kill().await;
     }
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(json!({"steady": steady, "failover": failover, "replicas": replicas}))
+    Ok(json!({"steady": steady, "failover": failover, "replicas": replicas, "settled": settled}))
 }
