@@ -283,6 +283,16 @@ pub struct WorkerArgs {
     #[arg(long, env = "TETHER_CA_FILE")]
     pub ca_file: Option<PathBuf>,
 
+    /// Most session connects per second to one upstream host, after a burst
+    /// of `--connect-burst` (a takeover of many streams is spread out so it
+    /// never exceeds the upstream's limit); 0 for no limit.
+    #[arg(long, env = "TETHER_CONNECT_RATE", default_value_t = 100.0)]
+    pub connect_rate: f64,
+
+    /// Connects to one host that may happen at once before `--connect-rate` applies.
+    #[arg(long, env = "TETHER_CONNECT_BURST", default_value_t = 100)]
+    pub connect_burst: u32,
+
     /// Disable fair share: acquire greedily and never hand streams over (streams
     /// then stay where they were acquired, as in the seed design).
     #[arg(long, env = "TETHER_NO_REBALANCE")]

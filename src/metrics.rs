@@ -124,6 +124,7 @@ pub struct WorkerMetrics {
     pub workers_declared_dead: Counter,
     pub duplicate_worker_id: Gauge,
     pub incarnation_restarts: Counter,
+    pub connects_paced: Counter,
 }
 
 impl Default for WorkerMetrics {
@@ -154,6 +155,7 @@ impl Default for WorkerMetrics {
             workers_declared_dead: Counter::default(),
             duplicate_worker_id: Gauge::default(),
             incarnation_restarts: Counter::default(),
+            connects_paced: Counter::default(),
         }
     }
 }
@@ -279,6 +281,11 @@ impl WorkerMetrics {
             "tether_duplicate_worker_id",
             "Other live processes running with this worker's --worker-id",
             self.duplicate_worker_id.clone(),
+        );
+        r.register(
+            "tether_connects_paced",
+            "Session connects delayed to keep within --connect-rate for their upstream host",
+            self.connects_paced.clone(),
         );
         r.register(
             "tether_incarnation_restarts",

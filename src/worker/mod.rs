@@ -8,6 +8,7 @@
 
 pub mod acquirer;
 pub mod checkpoints;
+pub mod connect_limit;
 pub mod delivery;
 pub mod error;
 pub mod fence;
@@ -100,6 +101,10 @@ impl WorkerCtx {
                 policy,
                 tls,
                 secrets,
+                connect_limit: connect_limit::ConnectLimiter::new(
+                    settings.connect_rate,
+                    settings.connect_burst,
+                ),
             },
             http,
             sink_policy,

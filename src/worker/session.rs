@@ -177,6 +177,21 @@ pub async fn run(
         let checkpoint = progress.acked();
         progress.update_status(|s| s.phase = Phase::Connecting);
         let url = resume_url(&cfg.spec.url, cfg.spec.initial_url.as_deref(), checkpoint);
+        let host = url::Url::parse(&url)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_string))
+            .unwrap_or_default();
+        if let Some(at) = deps.dialer.connect_limit.reserve(&host)
+            && at > Instant::now()
+        {
+            deps.metrics.connects_paced.inc();
+            tokio::select! {
+                _ = sleep_until(at) => {}
+                _ = ctl.abort.cancelled() => return SessionEnd::Aborted,
+                _ = ctl.stop.cancelled() => return SessionEnd::Stopped,
+                _ = deps.fence.closed() => return SessionEnd::Fenced,
+            }
+        }
         let connected = tokio::select! {
             // Boxed: TLS and handshake state is large and only needed while connecting.
             r = timeout(CONNECT_TIMEOUT, Box::pin(deps.dialer.dial(&cfg.key, &cfg.spec, &url))) => r.unwrap_or(Err(ConnectError::Timeout)),

@@ -53,6 +53,9 @@ pub struct WorkerSettings {
     pub rebalance: bool,
     /// Extra trusted CA certificates for `wss://` upstreams.
     pub ca_file: Option<PathBuf>,
+    /// Connects per second per upstream host (0: unlimited), and the burst.
+    pub connect_rate: f64,
+    pub connect_burst: u32,
 }
 
 impl WorkerSettings {
@@ -72,7 +75,14 @@ impl WorkerSettings {
             deny_cidrs: _,
             no_rebalance,
             ca_file,
+            connect_rate,
+            connect_burst,
         } = args;
+        if !(connect_rate.is_finite() && *connect_rate >= 0.0) {
+            return Err(WorkerError::Settings(format!(
+                "--connect-rate {connect_rate}: use a number of connects per second, 0 for no limit"
+            )));
+        }
         if heartbeat_interval.is_zero() || reconcile_interval.is_zero() {
             return Err(WorkerError::Settings(
                 "--heartbeat-interval and --reconcile-interval must be positive".into(),
@@ -97,6 +107,8 @@ impl WorkerSettings {
             drain_timeout: *drain_timeout,
             rebalance: !no_rebalance,
             ca_file: ca_file.clone(),
+            connect_rate: *connect_rate,
+            connect_burst: *connect_burst,
         })
     }
 }

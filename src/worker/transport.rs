@@ -147,6 +147,8 @@ pub struct Dialer {
     pub policy: HostPolicy,
     pub tls: Arc<rustls::ClientConfig>,
     pub secrets: SecretSource,
+    /// Paces connects per upstream host.
+    pub connect_limit: super::connect_limit::ConnectLimiter,
 }
 
 impl Dialer {

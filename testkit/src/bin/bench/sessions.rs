@@ -26,7 +26,12 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
     )
     .await?;
     let fleet = fleet(ctx, &bed);
-    let worker = fleet.spawn_with("mem", fleet.endpoint(), &["--max-connections", "20000"])?;
+    // Opened in one burst, as after a failover: no connect pacing.
+    let worker = fleet.spawn_with(
+        "mem",
+        fleet.endpoint(),
+        &["--max-connections", "20000", "--connect-rate", "0"],
+    )?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let pid = worker.pid().context("worker pid")?;
     let baseline = rss_kib(pid).context("reading VmRSS")?;
@@ -115,7 +120,14 @@ async fn tls(ctx: &Ctx, bed: &Bed, target: usize) -> anyhow::Result<Value> {
     let worker = fleet.spawn_with(
         "mem-tls",
         fleet.endpoint(),
-        &["--max-connections", "20000", "--ca-file", &ca_arg],
+        &[
+            "--max-connections",
+            "20000",
+            "--ca-file",
+            &ca_arg,
+            "--connect-rate",
+            "0",
+        ],
     )?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let pid = worker.pid().context("worker pid")?;
