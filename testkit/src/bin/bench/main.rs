@@ -4,7 +4,7 @@
 //! loopback (the 100,000-stream run is a lease-only simulation in one process,
 //! through a capacity model of DynamoDB partitions).
 //!
-//!   scripts/bench [all|failover|rolling|chaos|cost|scale|restart|controller|sessions|throughput] [--quick] [--seed N]
+//!   scripts/bench [all|failover|rolling|chaos|cost|scale|restart|controller|sessions|storm|throughput] [--quick] [--seed N]
 //!
 //! Prints a table and writes JSON + Markdown under bench/results/.
 
@@ -17,6 +17,7 @@ mod restart;
 mod rolling;
 mod scale;
 mod sessions;
+mod storm;
 mod throughput;
 
 use anyhow::bail;
@@ -200,6 +201,10 @@ async fn main() -> anyhow::Result<()> {
     }
     if all || which == "sessions" {
         results.insert("sessions_per_worker".into(), sessions::run(&ctx).await?);
+        save(&ctx, &results, started, &which)?;
+    }
+    if all || which == "storm" {
+        results.insert("reconnect_storm".into(), storm::run(&ctx).await?);
         save(&ctx, &results, started, &which)?;
     }
     if all || which == "throughput" {

@@ -238,6 +238,39 @@ fn markdown(r: &Value) -> String {
         }
         md.push('\n');
     }
+    if let Some(st) = res.get("reconnect_storm") {
+        md.push_str(&format!(
+            "## Reconnect storm ({} `wss://` streams taken over at once after SIGKILL; lease {} s)\n\n\
+             | | resumed after kill p50 / p99 / max s | takeover p50 / p99 / max s | taker CPU cores | max connects in 1 s | leases lost / self-fences / renewal errors |\n|---|---|---|---|---|---|\n",
+            st["streams"], f(&st["lease_s"])
+        ));
+        let limit = format!(
+            "limit {}/s, burst {}",
+            st["limit"]["rate_per_s"], st["limit"]["burst"]
+        );
+        for (label, key) in [("no limit", "no_limit"), (limit.as_str(), "limited")] {
+            let x = &st[key];
+            md.push_str(&format!(
+                "| tether, {label} | {} / {} / {} | {} / {} / {} | {} | {} | {} / {} / {} |\n",
+                f(&x["since_kill"]["p50_s"]),
+                f(&x["since_kill"]["p99_s"]),
+                f(&x["since_kill"]["max_s"]),
+                f(&x["since_takeover"]["p50_s"]),
+                f(&x["since_takeover"]["p99_s"]),
+                f(&x["since_takeover"]["max_s"]),
+                f(&x["taker_cpu_cores"]),
+                x["max_connects_per_s"],
+                x["leases_lost"],
+                x["self_fences"],
+                x["renewal_errors"],
+            ));
+        }
+        let b = &st["bare_tokio_tungstenite_rustls"];
+        md.push_str(&format!(
+            "| bare tokio-tungstenite + rustls client, all at once (floor) | – | {} / {} / {} | – | – | – |\n\n",
+            f(&b["p50_s"]), f(&b["p99_s"]), f(&b["max_s"]),
+        ));
+    }
     if let Some(t) = res.get("throughput") {
         md.push_str(&format!(
             "## Throughput ({} sessions, offered {} msg/s)\n\n| tether → HTTP sink msg/s | bare tokio-tungstenite read msg/s | ratio |\n|---|---|---|\n| {} | {} | {} |\n\n",

@@ -114,6 +114,9 @@ async fn tether_run(ctx: &Ctx) -> anyhow::Result<Value> {
             drain_timeout: Duration::from_secs(10),
             rebalance: true,
             ca_file: None,
+            // Sessions are no-ops here: nothing to pace.
+            connect_rate: 0.0,
+            connect_burst: 1,
         };
         let metrics = Arc::new(WorkerMetrics::default());
         let health = Arc::new(Health::new(

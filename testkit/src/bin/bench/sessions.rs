@@ -63,7 +63,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
     Ok(json!({"ws": steps, "wss": wss}))
 }
 
-fn fleet(ctx: &Ctx, bed: &Bed) -> FleetConfig {
+pub fn fleet(ctx: &Ctx, bed: &Bed) -> FleetConfig {
     let mut fleet = bed.fleet.clone();
     fleet.workers.lease_duration = ctx.profile.lease;
     fleet.workers.heartbeat_interval = ctx.profile.heartbeat;
@@ -101,7 +101,9 @@ async fn measure(
     }))
 }
 
-async fn tls(ctx: &Ctx, bed: &Bed, target: usize) -> anyhow::Result<Value> {
+/// An idle `wss://` upstream on loopback with a fresh self-signed
+/// certificate, and the CA file workers trust it by.
+pub async fn tls_upstream(bed: &Bed) -> anyhow::Result<(TlsUpstream, std::path::PathBuf)> {
     let (certified, key) = self_signed(&["127.0.0.1"]);
     let ca = bed.log_dir.join("bench-ca.pem");
     std::fs::write(&ca, certified.cert.pem())?;
@@ -115,6 +117,11 @@ async fn tls(ctx: &Ctx, bed: &Bed, target: usize) -> anyhow::Result<Value> {
         key,
     )
     .await?;
+    Ok((upstream, ca))
+}
+
+async fn tls(ctx: &Ctx, bed: &Bed, target: usize) -> anyhow::Result<Value> {
+    let (upstream, ca) = tls_upstream(bed).await?;
     let fleet = fleet(ctx, bed);
     let ca_arg = ca.to_string_lossy().to_string();
     let worker = fleet.spawn_with(
