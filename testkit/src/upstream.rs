@@ -26,6 +26,7 @@ pub async fn start(listen: SocketAddr, rate: u32) -> std::io::Result<Feed> {
 pub struct TlsUpstream {
     pub feed: Feed,
     task: JoinHandle<()>,
+    accepted: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
 }
 
 impl Drop for TlsUpstream {
@@ -51,8 +52,11 @@ impl TlsUpstream {
         let listener = TcpListener::bind(listen).await?;
         let feed = Feed::detached(listener.local_addr()?, options);
         let serving = feed.handle();
+        let accepted: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>> = Arc::default();
+        let accepts = accepted.clone();
         let task = tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
+                lock(&accepts).push(tokio::time::Instant::now());
                 let _ = socket.set_nodelay(true);
                 let acceptor = acceptor.clone();
                 let serving = serving.clone();
@@ -63,7 +67,17 @@ impl TlsUpstream {
                 });
             }
         });
-        Ok(Self { feed, task })
+        Ok(Self {
+            feed,
+            task,
+            accepted,
+        })
+    }
+
+    /// When each TCP connection arrived (before TLS), in order: what an
+    /// upstream's connect-rate limit counts.
+    pub fn accepted(&self) -> Vec<tokio::time::Instant> {
+        lock(&self.accepted).clone()
     }
 
     /// The `wss://` URL a stream uses, with the `{last_seq}` placeholder.

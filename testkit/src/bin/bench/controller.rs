@@ -159,6 +159,8 @@ fn per_minute(before: &Counts, after: &Counts, window: Duration) -> Value {
             .map(|(k, v)| v - before.api.get(k).copied().unwrap_or(0.0))
             .sum::<f64>()
             * scale
+            // An empty float sum is -0.0; report 0.
+            + 0.0
     };
     let writes =
         api(&|k| !k.starts_with("GET") && !k.starts_with("WATCH") && !k.contains("leases"));

@@ -241,7 +241,7 @@ fn markdown(r: &Value) -> String {
     if let Some(st) = res.get("reconnect_storm") {
         md.push_str(&format!(
             "## Reconnect storm ({} `wss://` streams taken over at once after SIGKILL; lease {} s)\n\n\
-             | | resumed after kill p50 / p99 / max s | takeover p50 / p99 / max s | taker CPU cores | max connects in 1 s | leases lost / self-fences / renewal errors |\n|---|---|---|---|---|---|\n",
+             | | resumed after kill p50 / p99 / max s | takeover p50 / p99 / max s | taker CPU cores | max connects (TCP accepts) in 1 s | max handshakes done in 1 s | leases lost / self-fences / renewal errors |\n|---|---|---|---|---|---|---|\n",
             st["streams"], f(&st["lease_s"])
         ));
         let limit = format!(
@@ -251,7 +251,7 @@ fn markdown(r: &Value) -> String {
         for (label, key) in [("no limit", "no_limit"), (limit.as_str(), "limited")] {
             let x = &st[key];
             md.push_str(&format!(
-                "| tether, {label} | {} / {} / {} | {} / {} / {} | {} | {} | {} / {} / {} |\n",
+                "| tether, {label} | {} / {} / {} | {} / {} / {} | {} | {} | {} | {} / {} / {} |\n",
                 f(&x["since_kill"]["p50_s"]),
                 f(&x["since_kill"]["p99_s"]),
                 f(&x["since_kill"]["max_s"]),
@@ -260,6 +260,7 @@ fn markdown(r: &Value) -> String {
                 f(&x["since_takeover"]["max_s"]),
                 f(&x["taker_cpu_cores"]),
                 x["max_connects_per_s"],
+                x["max_handshakes_per_s"],
                 x["leases_lost"],
                 x["self_fences"],
                 x["renewal_errors"],
@@ -267,7 +268,7 @@ fn markdown(r: &Value) -> String {
         }
         let b = &st["bare_tokio_tungstenite_rustls"];
         md.push_str(&format!(
-            "| bare tokio-tungstenite + rustls client, all at once (floor) | – | {} / {} / {} | – | – | – |\n\n",
+            "| bare tokio-tungstenite + rustls client, all at once (floor) | – | {} / {} / {} | – | – | – | – |\n\n",
             f(&b["p50_s"]), f(&b["p99_s"]), f(&b["max_s"]),
         ));
     }

@@ -137,18 +137,15 @@ async fn one(ctx: &Ctx, n: usize, limit: Option<(u32, u32)>) -> anyhow::Result<V
     let first = opened.first().copied().unwrap_or(killed);
     let since_kill: Vec<f64> = opened.iter().map(|t| (*t - killed).as_secs_f64()).collect();
     let since_takeover: Vec<f64> = opened.iter().map(|t| (*t - first).as_secs_f64()).collect();
-    let window = Duration::from_secs(1);
-    let max_per_s = opened
-        .iter()
-        .enumerate()
-        .map(|(i, start)| {
-            opened[i..]
-                .iter()
-                .take_while(|t| **t < *start + window)
-                .count()
-        })
-        .max()
-        .unwrap_or(0);
+    // Connects as the upstream's own limit would count them: TCP
+    // connections arriving (before TLS), in any one-second window.
+    let accepted: Vec<Instant> = upstream
+        .accepted()
+        .into_iter()
+        .filter(|t| *t > killed)
+        .collect();
+    let max_per_s = most_in_one_second(&accepted);
+    let max_handshakes_per_s = most_in_one_second(&opened);
     let metrics = taker.metrics().await.map_err(anyhow::Error::msg)?;
     Ok(json!({
         "since_kill": stats(&since_kill),
@@ -156,10 +153,27 @@ async fn one(ctx: &Ctx, n: usize, limit: Option<(u32, u32)>) -> anyhow::Result<V
         "taker_cpu_seconds": round2(cpu),
         "taker_cpu_cores": round2(cpu / wall.as_secs_f64()),
         "max_connects_per_s": max_per_s,
+        "max_handshakes_per_s": max_handshakes_per_s,
         "leases_lost": metric_sum(&metrics, "tether_leases_lost_total", ""),
         "self_fences": metric_sum(&metrics, "tether_self_fences_total", ""),
         "renewal_errors": metric_sum(&metrics, "tether_lease_renewals_total", "result=\"error\""),
     }))
+}
+
+/// The most of `times` (sorted) inside any one-second window.
+fn most_in_one_second(times: &[Instant]) -> usize {
+    let window = Duration::from_secs(1);
+    times
+        .iter()
+        .enumerate()
+        .map(|(i, start)| {
+            times[i..]
+                .iter()
+                .take_while(|t| **t < *start + window)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// The floor: `n` sessions opened at once by a bare client (tokio-rustls +
