@@ -544,3 +544,73 @@ async fn an_item_whose_finalizer_was_stripped_by_hand_is_collected_after_the_gra
     assert!(mirrored(&store, "kept").await, "{}", op.log());
     assert!(mirrored(&store, "standalone").await, "{}", op.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_watched_namespaces_are_reconciled_and_collected() {
+    let emulator = Emulator::start();
+    let store = fresh_store(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = Api::new(&emulator);
+    // Orphaned items of this installation in a watched and an unwatched namespace.
+    for ns in [NAMESPACE, "elsewhere"] {
+        let orphan = tether_testkit::fixtures::log_spec("ws://127.0.0.1:9/x").to_desired(
+            StreamKey::new(ns, "orphan"),
+            1,
+            Some(ResourceIdentity {
+                uid: "uid-gone".into(),
+                created_ms: 1,
+                installation: "default".into(),
+            }),
+        );
+        store.upsert_desired(&orphan).await.unwrap();
+    }
+    let op = Operator::start(
+        &emulator,
+        &store,
+        "op",
+        dir.path(),
+        None,
+        &["--watch-namespaces", NAMESPACE, "--gc-grace", "1s"],
+    );
+    let explain = || op.log();
+    let elsewhere = format!(
+        "{}/apis/tether.dev/v1alpha1/namespaces/elsewhere/streamconnections",
+        emulator.url
+    );
+    let created = reqwest::Client::new()
+        .post(&elsewhere)
+        .json(&json!({
+            "apiVersion": "tether.dev/v1alpha1",
+            "kind": "StreamConnection",
+            "metadata": {"name": "unwatched", "namespace": "elsewhere"},
+            "spec": {"url": "ws://127.0.0.1:9/feed", "sink": {"log": {}}},
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert!(created.status().is_success());
+    api.create("watched", None).await;
+    eventually(
+        Duration::from_secs(20),
+        "the watched namespace's resource is mirrored and its orphan collected",
+        || async { mirrored(&store, "watched").await && !mirrored(&store, "orphan").await },
+        explain,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let in_elsewhere = |name: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .get(&StreamKey::new("elsewhere", name))
+                .await
+                .unwrap()
+                .is_some_and(|r| !r.is_tombstone())
+        }
+    };
+    assert!(!in_elsewhere("unwatched").await, "{}", op.log());
+    assert!(
+        in_elsewhere("orphan").await,
+        "collected outside the watched namespaces"
+    );
+}
