@@ -231,7 +231,10 @@ impl Holder {
     async fn follow_change(&mut self, session: &mut Option<Running>) -> Option<HolderEnd> {
         let key = self.held.lease.key.clone();
         let current = loop {
-            match self.store_call(session, self.ctx.store.get(&key)).await {
+            match self
+                .store_call(session, Box::pin(self.ctx.store.get(&key)))
+                .await
+            {
                 Ok(current) => break current,
                 Err(e) => {
                     tracing::warn!(stream = %key, error = %e, "cannot re-read a changed stream; retrying");
@@ -317,13 +320,14 @@ impl Holder {
     /// Awaits a store call without letting it keep a session open past the
     /// fence: the holder's loop is not watching while it waits here (the
     /// store may be the very thing that is unreachable), so the fence is
-    /// watched alongside and closes the session on time.
+    /// watched alongside and closes the session on time. The call comes
+    /// boxed: an SDK request future is kilobytes, and held inline it would
+    /// make every held stream's task that large for its whole life.
     async fn store_call<T>(
         &self,
         session: &mut Option<Running>,
-        call: impl std::future::Future<Output = T>,
+        mut call: std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + '_>>,
     ) -> T {
-        tokio::pin!(call);
         tokio::select! {
             biased;
             done = &mut call => return done,
