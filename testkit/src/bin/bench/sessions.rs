@@ -59,7 +59,18 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
         steps.push(measure("ws", target, pid, baseline, &worker, connect).await?);
     }
     drop(worker);
-    let wss = tls(ctx, &bed, ctx.profile.session_steps[0]).await?;
+    drop(bed);
+    // A table of its own: on the ws table the new worker would also take
+    // over every ws stream the dropped one left behind.
+    let tls_bed = Bed::start(
+        ctx.exe.clone(),
+        BedOptions {
+            rate: 0,
+            ..BedOptions::default()
+        },
+    )
+    .await?;
+    let wss = tls(ctx, &tls_bed, ctx.profile.session_steps[0]).await?;
     Ok(json!({"ws": steps, "wss": wss}))
 }
 
