@@ -293,6 +293,15 @@ pub struct WorkerArgs {
     #[arg(long, env = "TETHER_CONNECT_BURST", default_value_t = 100)]
     pub connect_burst: u32,
 
+    /// Write the CloudWatch Embedded Metric Format line (`ActiveConnections`,
+    /// dimension `Table`) to stdout under this namespace; off when unset.
+    #[arg(long, env = "TETHER_EMF_NAMESPACE")]
+    pub emf_namespace: Option<String>,
+
+    /// How often the EMF line is written.
+    #[arg(long, env = "TETHER_EMF_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub emf_interval: Duration,
+
     /// Disable fair share: acquire greedily and never hand streams over (streams
     /// then stay where they were acquired, as in the seed design).
     #[arg(long, env = "TETHER_NO_REBALANCE")]

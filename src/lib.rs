@@ -9,6 +9,7 @@ pub mod controller;
 pub mod crd;
 pub mod demo;
 pub mod embedded;
+pub mod emf;
 pub mod http;
 pub mod lease;
 pub mod manifest;

@@ -222,3 +222,85 @@ async fn get_watch_prints_a_row_again_when_it_changes_and_stops_on_sigint() {
         "{printed}"
     );
 }
+
+/// The rules of CloudWatch's Embedded Metric Format specification: a
+/// millisecond `_aws.Timestamp`, directives with a Namespace (not `AWS/`),
+/// at most 30 dimensions per set, each a string member of the root, 1 to 100
+/// metrics, each a number member of the root.
+fn assert_valid_emf(doc: &serde_json::Value) {
+    let aws = &doc["_aws"];
+    assert!(
+        aws["Timestamp"]
+            .as_u64()
+            .is_some_and(|t| t > 1_000_000_000_000),
+        "{doc}"
+    );
+    let directives = aws["CloudWatchMetrics"].as_array().expect("directives");
+    assert!(!directives.is_empty());
+    for d in directives {
+        let ns = d["Namespace"].as_str().expect("a namespace");
+        assert!(!ns.is_empty() && ns.len() <= 255 && !ns.starts_with("AWS/"));
+        for set in d["Dimensions"].as_array().expect("dimension sets") {
+            let set = set.as_array().expect("a dimension set");
+            assert!(set.len() <= 30);
+            for key in set {
+                assert!(doc[key.as_str().unwrap()].is_string(), "dimension {key}");
+            }
+        }
+        let metrics = d["Metrics"].as_array().expect("metrics");
+        assert!(!metrics.is_empty() && metrics.len() <= 100);
+        for m in metrics {
+            let name = m["Name"].as_str().expect("a metric name");
+            assert!(doc[name].is_number(), "metric {name}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_worker_writes_the_cloudwatch_emf_line_with_its_assigned_streams() {
+    let store = fresh_store(None).await;
+    // Assigned but unreachable: it counts, as for the HPA gauge.
+    let doc = manifest("emf", "default", "");
+    assert!(
+        tether(&store, &["apply", "-f", "-"], Some(&doc))
+            .status
+            .success()
+    );
+    let mut child = tokio::process::Command::new(EXE)
+        .args([
+            "--table",
+            store.table(),
+            "worker",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--emf-namespace", "Tether", "--emf-interval", "1s"])
+        .env("AWS_ENDPOINT_URL_DYNAMODB", endpoint().0)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "x")
+        .env("AWS_SECRET_ACCESS_KEY", "x")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let found = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let Ok(doc) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            if doc.get("_aws").is_some() && doc["ActiveConnections"] == 1 {
+                return doc;
+            }
+        }
+        panic!("stdout closed without an EMF line");
+    })
+    .await
+    .expect("an EMF line with the assigned stream");
+    assert_valid_emf(&found);
+    assert_eq!(found["Table"], store.table());
+    assert_eq!(found["_aws"]["CloudWatchMetrics"][0]["Namespace"], "Tether");
+    let _ = child.kill().await;
+}

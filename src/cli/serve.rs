@@ -39,6 +39,15 @@ pub async fn worker(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     let settings = WorkerSettings::from_args(&args)?;
+    let _emf = args.emf_namespace.clone().map(|namespace| {
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(crate::emf::run(
+            namespace,
+            open.store.table().to_string(),
+            settings.worker_id.clone(),
+            args.emf_interval.max(std::time::Duration::from_secs(1)),
+            metrics.worker.clone(),
+        )))
+    });
     // The table is checked by the worker itself, which waits (not ready)
     // while DynamoDB does not answer and fails clearly when the table is
     // missing; the metrics server is up meanwhile for the probes.

@@ -77,6 +77,8 @@ impl WorkerSettings {
             ca_file,
             connect_rate,
             connect_burst,
+            emf_namespace: _,
+            emf_interval: _,
         } = args;
         if !(connect_rate.is_finite() && *connect_rate >= 0.0) {
             return Err(WorkerError::Settings(format!(
