@@ -22,7 +22,9 @@ pub async fn get(
 ) -> anyhow::Result<()> {
     store.check_table().await?;
     let single = selection.name.is_some();
-    let mut shown: std::collections::HashMap<String, String> = Default::default();
+    // Watching: what was last printed per stream, without its lease
+    // countdown (which moves on every read and is no news).
+    let mut shown: std::collections::HashMap<String, serde_json::Value> = Default::default();
     let mut first = true;
     loop {
         let views = select(store, &selection).await?;
@@ -31,26 +33,33 @@ pub async fn get(
             print!("{}", render(&views, now, output, single)?);
             return Ok(());
         }
-        // Watching: the header once, then a row whenever it changes.
-        let table = matches!(output, OutputFormat::Table | OutputFormat::Wide);
-        for (i, line) in render(&views, now, output, false)?.lines().enumerate() {
-            if table && i == 0 {
-                if first {
-                    println!("{line}");
+        let changed: Vec<StreamView> = views
+            .into_iter()
+            .filter(|v| {
+                let mut row = json_row(v, now);
+                row["leaseLeftMs"] = serde_json::Value::Null;
+                shown.insert(v.record.key.to_string(), row.clone()) != Some(row)
+            })
+            .collect();
+        match output {
+            // A document per changed stream.
+            OutputFormat::Json | OutputFormat::Yaml => {
+                for v in &changed {
+                    if output == OutputFormat::Yaml {
+                        println!("---");
+                    }
+                    print!("{}", render(std::slice::from_ref(v), now, output, true)?);
                 }
-                continue;
             }
-            let key = line
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_string();
-            let unchanged = shown
-                .get(&key)
-                .is_some_and(|l| strip_lease(l) == strip_lease(line));
-            if !unchanged {
-                println!("{line}");
-                shown.insert(key, line.to_string());
+            // The header once, then a row per changed stream.
+            _ => {
+                let text = render(&changed, now, output, false)?;
+                let header = matches!(output, OutputFormat::Table | OutputFormat::Wide);
+                for (i, line) in text.lines().enumerate() {
+                    if !(header && i == 0 && !first) {
+                        println!("{line}");
+                    }
+                }
             }
         }
         first = false;
@@ -59,17 +68,6 @@ pub async fn get(
             _ = tokio::time::sleep(WATCH_PERIOD) => {}
         }
     }
-}
-
-/// A row without its ever-moving lease column, so `--watch` prints changes only.
-fn strip_lease(line: &str) -> String {
-    line.split_whitespace()
-        .filter(|c| {
-            c.strip_suffix('s')
-                .is_none_or(|n| n.parse::<f64>().is_err())
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 async fn select(store: &LeaseStore, selection: &Selection<'_>) -> anyhow::Result<Vec<StreamView>> {
