@@ -306,21 +306,6 @@ pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     serde_yaml::to_string(&crd())
 }
 
-/// Phases a stream reports in `status.phase`.
-fn phases() -> Vec<&'static str> {
-    use crate::lease::Phase;
-    [
-        Phase::Pending,
-        Phase::Connecting,
-        Phase::Connected,
-        Phase::Backoff,
-        Phase::Stopped,
-        Phase::Failed,
-    ]
-    .map(Phase::as_str)
-    .to_vec()
-}
-
 /// The CRD: the derived one, finished where the derive falls short of the API
 /// conventions: a real description for the type, integer formats the API
 /// server accepts (`int32`/`int64`, not `uint*`), `conditions` as a map list
@@ -350,7 +335,8 @@ pub fn crd()
                 conditions["x-kubernetes-list-map-keys"] = serde_json::json!(["type"]);
             }
             if let Some(phase) = status.get_mut("phase") {
-                phase["enum"] = serde_json::json!(phases());
+                phase["enum"] =
+                    serde_json::json!(crate::lease::Phase::ALL.map(crate::lease::Phase::as_str));
             }
         }
         if let Ok(finished) = serde_json::from_value(value) {

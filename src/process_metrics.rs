@@ -36,17 +36,42 @@ pub struct Reading {
     pub start_time_seconds: f64,
 }
 
-/// Reads `/proc/self`; `None` where there is no such thing.
-pub fn read() -> Option<Reading> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+/// What `/proc/<pid>/stat` says about CPU, start and size.
+#[derive(Debug, Clone, Copy)]
+pub struct Stat {
+    /// User plus system CPU time, in seconds.
+    pub cpu_seconds: f64,
+    /// Start after boot, in ticks.
+    start_ticks: f64,
+    virtual_bytes: f64,
+}
+
+/// Reads `/proc/<pid>/stat` (this process for `None`).
+pub fn stat(pid: Option<u32>) -> Option<Stat> {
+    let path = pid.map_or_else(
+        || "/proc/self/stat".to_string(),
+        |p| format!("/proc/{p}/stat"),
+    );
+    let stat = std::fs::read_to_string(path).ok()?;
     // Fields after the command name, which is in parentheses and may hold spaces.
     let after = stat.rsplit_once(')')?.1;
     let fields: Vec<&str> = after.split_whitespace().collect();
     // `after` starts at field 3 (state): field n is fields[n - 3].
     let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<f64>().ok());
-    let (utime, stime) = (field(14)?, field(15)?);
-    let start_ticks = field(22)?;
-    let virtual_bytes = field(23)?;
+    Some(Stat {
+        cpu_seconds: (field(14)? + field(15)?) / TICKS_PER_SECOND,
+        start_ticks: field(22)?,
+        virtual_bytes: field(23)?,
+    })
+}
+
+/// Reads `/proc/self`; `None` where there is no such thing.
+pub fn read() -> Option<Reading> {
+    let Stat {
+        cpu_seconds,
+        start_ticks,
+        virtual_bytes,
+    } = stat(None)?;
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let resident_kib = status
         .lines()
@@ -66,7 +91,7 @@ pub fn read() -> Option<Reading> {
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(0.0);
     Some(Reading {
-        cpu_seconds: (utime + stime) / TICKS_PER_SECOND,
+        cpu_seconds,
         resident_bytes: resident_kib * 1024.0,
         virtual_bytes,
         open_fds,

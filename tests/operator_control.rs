@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use tether::lease::{DesiredState, LeaseStore, ResourceIdentity, StreamKey};
-use tether_testkit::bed::loopback;
+use tether_testkit::bed::{eventually_or, loopback};
 use tether_testkit::dynamo_proxy::{DynamoFault, DynamoFaultProxy};
 use tether_testkit::fleet::{free_port, metric_sum};
 use tether_testkit::k8s::{self, Emulator};
@@ -86,23 +86,6 @@ impl Operator {
     fn signal(&self, signal: Signal) {
         let pid = self.child.id().expect("running") as i32;
         kill(Pid::from_raw(pid), signal).unwrap();
-    }
-}
-
-/// Polls until `check` holds; panics after `limit` with `what` and `explain()`.
-async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F, explain: impl Fn() -> String)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting until {what}\n{}",
-            explain()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -199,6 +182,27 @@ async fn mirrored(store: &LeaseStore, name: &str) -> bool {
         .is_some_and(|r| !r.is_tombstone())
 }
 
+/// An item as a controller of `installation` would have mirrored it from the
+/// resource `uid` (which need not exist).
+async fn mirror_item(
+    store: &LeaseStore,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    installation: &str,
+) {
+    let item = tether_testkit::fixtures::log_spec("ws://127.0.0.1:9/x").to_desired(
+        StreamKey::new(namespace, name),
+        1,
+        Some(ResourceIdentity {
+            uid: uid.into(),
+            created_ms: 1,
+            installation: installation.into(),
+        }),
+    );
+    store.upsert_desired(&item).await.unwrap();
+}
+
 async fn lease_holder(emulator: &Emulator, name: &str) -> Option<String> {
     let url = format!(
         "{}/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/{name}",
@@ -216,7 +220,7 @@ async fn one_replica_reconciles_and_a_standby_takes_over_when_it_dies() {
     let api = Api::new(&emulator);
     let a = Operator::start(&emulator, &store, "op-a", dir.path(), None, &[]);
     let explain = || std::fs::read_to_string(dir.path().join("op-a.log")).unwrap_or_default();
-    eventually(
+    eventually_or(
         Duration::from_secs(20),
         "op-a leads",
         || a.leading(),
@@ -225,7 +229,7 @@ async fn one_replica_reconciles_and_a_standby_takes_over_when_it_dies() {
     .await;
     let b = Operator::start(&emulator, &store, "op-b", dir.path(), None, &[]);
     let both = || format!("op-a:\n{}\nop-b:\n{}", a.log(), b.log());
-    eventually(
+    eventually_or(
         Duration::from_secs(20),
         "op-b is up (standing by)",
         || async {
@@ -237,7 +241,7 @@ async fn one_replica_reconciles_and_a_standby_takes_over_when_it_dies() {
     )
     .await;
     api.create("first", None).await;
-    eventually(
+    eventually_or(
         Duration::from_secs(20),
         "the leader mirrors a new resource",
         || mirrored(&store, "first"),
@@ -260,7 +264,7 @@ async fn one_replica_reconciles_and_a_standby_takes_over_when_it_dies() {
     // The leader crashes: the standby takes over after the lease (3 s).
     a.signal(Signal::SIGKILL);
     let crashed = tokio::time::Instant::now();
-    eventually(
+    eventually_or(
         Duration::from_secs(15),
         "op-b leads",
         || b.leading(),
@@ -269,7 +273,7 @@ async fn one_replica_reconciles_and_a_standby_takes_over_when_it_dies() {
     .await;
     let took = crashed.elapsed();
     api.create("second", None).await;
-    eventually(
+    eventually_or(
         Duration::from_secs(20),
         "the new leader mirrors a new resource",
         || mirrored(&store, "second"),
@@ -290,7 +294,7 @@ async fn one_replica_reconciles_and_a_standby_takes_over_when_it_dies() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!c.leading().await);
     b.signal(Signal::SIGTERM);
-    eventually(
+    eventually_or(
         Duration::from_secs(15),
         "op-c leads after op-b stopped cleanly",
         || c.leading(),
@@ -317,20 +321,18 @@ async fn two_installations_in_one_cluster_never_claim_the_same_resource() {
     );
     let explain = || format!("prod:\n{}\nstaging:\n{}", prod.log(), staging.log());
     // Another cluster wrote `feeds/shared` into the staging table first.
-    let foreign = tether_testkit::fixtures::log_spec("ws://127.0.0.1:9/x").to_desired(
-        StreamKey::new(NAMESPACE, "shared"),
-        1,
-        Some(ResourceIdentity {
-            uid: "uid-elsewhere".into(),
-            created_ms: 1,
-            installation: "eu-cluster".into(),
-        }),
-    );
-    staging_table.upsert_desired(&foreign).await.unwrap();
+    mirror_item(
+        &staging_table,
+        NAMESPACE,
+        "shared",
+        "uid-elsewhere",
+        "eu-cluster",
+    )
+    .await;
     api.create("unlabelled", None).await;
     api.create("for-staging", Some("staging")).await;
     api.create("shared", Some("staging")).await;
-    eventually(
+    eventually_or(
         Duration::from_secs(20),
         "each installation mirrors its own resource",
         || async {
@@ -340,7 +342,7 @@ async fn two_installations_in_one_cluster_never_claim_the_same_resource() {
         explain,
     )
     .await;
-    eventually(
+    eventually_or(
         Duration::from_secs(20),
         "the other installation's item is refused in status",
         || async { api.ready_reason("shared").await.as_deref() == Some("MirrorRefused") },
@@ -398,7 +400,7 @@ async fn deletion_while_the_table_is_unreachable_is_reported_and_can_be_skipped_
     );
     let explain = || op.log();
     api.create("doomed", None).await;
-    eventually(
+    eventually_or(
         Duration::from_secs(20),
         "mirrored with status",
         || async { mirrored(&store, "doomed").await && api.ready_reason("doomed").await.is_some() },
@@ -408,7 +410,7 @@ async fn deletion_while_the_table_is_unreachable_is_reported_and_can_be_skipped_
 
     proxy.set(DynamoFault::Blackhole);
     api.delete("doomed").await;
-    eventually(
+    eventually_or(
         Duration::from_secs(30),
         "status says the cleanup is blocked",
         || async { api.ready_reason("doomed").await.as_deref() == Some("CleanupBlocked") },
@@ -440,7 +442,7 @@ async fn deletion_while_the_table_is_unreachable_is_reported_and_can_be_skipped_
         json!({"metadata": {"annotations": {"tether.dev/skip-cleanup": "true"}}}),
     )
     .await;
-    eventually(
+    eventually_or(
         Duration::from_secs(20),
         "the resource is gone",
         || async { api.get("doomed").await.is_none() },
@@ -449,7 +451,7 @@ async fn deletion_while_the_table_is_unreachable_is_reported_and_can_be_skipped_
     .await;
     assert!(mirrored(&store, "doomed").await, "left in the table");
     proxy.set(DynamoFault::Pass);
-    eventually(
+    eventually_or(
         Duration::from_secs(30),
         "the garbage collector stops and deletes the orphaned item",
         || async { !mirrored(&store, "doomed").await },
@@ -487,7 +489,7 @@ async fn an_item_whose_finalizer_was_stripped_by_hand_is_collected_after_the_gra
     let explain = || op.log();
     api.create("stripped", None).await;
     api.create("kept", None).await;
-    eventually(
+    eventually_or(
         Duration::from_secs(20),
         "both mirrored",
         || async { mirrored(&store, "stripped").await && mirrored(&store, "kept").await },
@@ -520,7 +522,7 @@ async fn an_item_whose_finalizer_was_stripped_by_hand_is_collected_after_the_gra
     );
     let explain = || op.log();
     let gone_at = tokio::time::Instant::now();
-    eventually(
+    eventually_or(
         Duration::from_secs(20),
         "op2 leads",
         || op.leading(),
@@ -532,7 +534,7 @@ async fn an_item_whose_finalizer_was_stripped_by_hand_is_collected_after_the_gra
         mirrored(&store, "stripped").await,
         "collected before the grace"
     );
-    eventually(
+    eventually_or(
         Duration::from_secs(30),
         "collected after the grace",
         || async { !mirrored(&store, "stripped").await },
@@ -553,16 +555,7 @@ async fn only_watched_namespaces_are_reconciled_and_collected() {
     let api = Api::new(&emulator);
     // Orphaned items of this installation in a watched and an unwatched namespace.
     for ns in [NAMESPACE, "elsewhere"] {
-        let orphan = tether_testkit::fixtures::log_spec("ws://127.0.0.1:9/x").to_desired(
-            StreamKey::new(ns, "orphan"),
-            1,
-            Some(ResourceIdentity {
-                uid: "uid-gone".into(),
-                created_ms: 1,
-                installation: "default".into(),
-            }),
-        );
-        store.upsert_desired(&orphan).await.unwrap();
+        mirror_item(&store, ns, "orphan", "uid-gone", "default").await;
     }
     let op = Operator::start(
         &emulator,
@@ -590,7 +583,7 @@ async fn only_watched_namespaces_are_reconciled_and_collected() {
         .unwrap();
     assert!(created.status().is_success());
     api.create("watched", None).await;
-    eventually(
+    eventually_or(
         Duration::from_secs(20),
         "the watched namespace's resource is mirrored and its orphan collected",
         || async { mirrored(&store, "watched").await && !mirrored(&store, "orphan").await },

@@ -7,31 +7,10 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use tether::lease::StreamKey;
+use tether_testkit::bed::eventually_or;
 use tether_testkit::k8s::{self, Emulator};
 use tether_testkit::store::{endpoint, fresh_store};
 use tether_testkit::upstream::start as start_upstream;
-
-/// Polls `check` every 100 ms until it holds; panics after `limit` with
-/// `what` and whatever `explain` returns (the operator's log).
-async fn eventually_or<F, Fut>(
-    limit: Duration,
-    what: &str,
-    mut check: F,
-    explain: impl Fn() -> String,
-) where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting until {what}\n{}",
-            explain()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 const PATH: &str = "/apis/tether.dev/v1alpha1/namespaces/feeds/streamconnections";
 

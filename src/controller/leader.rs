@@ -153,16 +153,8 @@ impl Elector {
             patch["spec"]["leaseTransitions"] =
                 serde_json::json!(spec.lease_transitions.unwrap_or(0).saturating_add(1));
         }
-        match self
-            .api
-            .patch(
-                &self.election.lease_name,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            Ok(_) => Ok(Attempt::Leading),
+        match self.patch(&patch).await {
+            Ok(()) => Ok(Attempt::Leading),
             Err(e) if is_conflict(&e) => Ok(Attempt::Standby),
             Err(e) => Err(e),
         }
@@ -182,17 +174,22 @@ impl Elector {
             "metadata": {"resourceVersion": lease.metadata.resource_version},
             "spec": {"holderIdentity": null, "leaseDurationSeconds": 1}
         });
-        if let Err(e) = self
-            .api
+        if let Err(e) = self.patch(&patch).await {
+            tracing::debug!(error = %e, "leader lease not released");
+        }
+    }
+
+    /// A merge patch of the Lease; a `resourceVersion` in it makes it
+    /// conditional (409 when someone wrote in between).
+    async fn patch(&self, patch: &serde_json::Value) -> Result<(), kube::Error> {
+        self.api
             .patch(
                 &self.election.lease_name,
                 &PatchParams::default(),
-                &Patch::Merge(&patch),
+                &Patch::Merge(patch),
             )
             .await
-        {
-            tracing::debug!(error = %e, "leader lease not released");
-        }
+            .map(|_| ())
     }
 
     /// Keeps renewing while leading; returns when a renewal has not

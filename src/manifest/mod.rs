@@ -185,27 +185,7 @@ pub fn parse_with(file: &Path, text: &str, validation: Validation) -> Loaded {
                 break;
             }
         };
-        if validation != Validation::Ignore && is_ours(&value) {
-            let json = serde_json::to_value(&value).unwrap_or_default();
-            let unknown: Vec<ManifestError> = unknown_fields(&json)
-                .into_iter()
-                .map(|u| {
-                    let message = match &u.did_you_mean {
-                        Some(s) => format!("unknown field (did you mean \"{s}\"?)"),
-                        None => "unknown field".to_string(),
-                    };
-                    error(&u.path, message)
-                })
-                .collect();
-            if !unknown.is_empty() {
-                if validation == Validation::Strict {
-                    errors.extend(unknown);
-                    continue;
-                }
-                warnings.extend(unknown);
-            }
-        }
-        match document_to_manifest(file, index, value) {
+        match document_to_manifest(file, index, value, validation, &mut warnings) {
             Ok(m) => manifests.push(m),
             Err(mut e) => errors.append(&mut e),
         }
@@ -217,16 +197,14 @@ pub fn parse_with(file: &Path, text: &str, validation: Validation) -> Loaded {
     }
 }
 
-/// A StreamConnection document (others are reported by kind, not by field).
-fn is_ours(value: &serde_yaml::Value) -> bool {
-    value.get("apiVersion").and_then(|v| v.as_str()) == Some(API_VERSION)
-        && value.get("kind").and_then(|v| v.as_str()) == Some(KIND)
-}
-
+/// One document: its type, then (unless ignored) fields the CRD does not
+/// declare, then names and spec. Other types are reported by kind, not by field.
 fn document_to_manifest(
     file: &Path,
     index: usize,
     value: serde_yaml::Value,
+    validation: Validation,
+    warnings: &mut Vec<ManifestError>,
 ) -> Result<Manifest, Vec<ManifestError>> {
     let error = |field: &str, message: String| ManifestError {
         file: file.to_path_buf(),
@@ -247,6 +225,25 @@ fn document_to_manifest(
     let kind = get("kind").and_then(|v| v.as_str()).unwrap_or_default();
     if kind != KIND {
         return Err(vec![error("kind", format!("must be {KIND}, got '{kind}'"))]);
+    }
+    if validation != Validation::Ignore {
+        let json = serde_json::to_value(&value).unwrap_or_default();
+        let unknown: Vec<ManifestError> = unknown_fields(&json)
+            .into_iter()
+            .map(|u| {
+                let message = match &u.did_you_mean {
+                    Some(s) => format!("unknown field (did you mean \"{s}\"?)"),
+                    None => "unknown field".to_string(),
+                };
+                error(&u.path, message)
+            })
+            .collect();
+        if !unknown.is_empty() {
+            if validation == Validation::Strict {
+                return Err(unknown);
+            }
+            warnings.extend(unknown);
+        }
     }
     let metadata: Metadata = match get("metadata").cloned().map(serde_yaml::from_value) {
         Some(Ok(m)) => m,

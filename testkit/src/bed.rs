@@ -324,3 +324,18 @@ where
         panic!("{e}");
     }
 }
+
+/// [`eventually`], adding what `explain` returns (a process's log) to the panic.
+pub async fn eventually_or<F, Fut>(
+    limit: Duration,
+    what: &str,
+    check: F,
+    explain: impl Fn() -> String,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    if let Err(e) = Bed::wait(limit, what, check).await {
+        panic!("{e}\n{}", explain());
+    }
+}

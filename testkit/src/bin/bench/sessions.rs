@@ -17,14 +17,7 @@ use tokio::time::Instant;
 const APPLY_CONCURRENCY: usize = 32;
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
-    let bed = Bed::start(
-        ctx.exe.clone(),
-        BedOptions {
-            rate: 0,
-            ..BedOptions::default()
-        },
-    )
-    .await?;
+    let bed = idle_bed(ctx).await?;
     let fleet = fleet(ctx, &bed);
     // Opened in one burst, as after a failover: no connect pacing.
     let worker = fleet.spawn_with(
@@ -62,16 +55,21 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
     drop(bed);
     // A table of its own: on the ws table the new worker would also take
     // over every ws stream the dropped one left behind.
-    let tls_bed = Bed::start(
+    let tls_bed = idle_bed(ctx).await?;
+    let wss = tls(ctx, &tls_bed, ctx.profile.session_steps[0]).await?;
+    Ok(json!({"ws": steps, "wss": wss}))
+}
+
+/// A bed whose feed sends nothing: sessions stay idle.
+pub async fn idle_bed(ctx: &Ctx) -> anyhow::Result<Bed> {
+    Bed::start(
         ctx.exe.clone(),
         BedOptions {
             rate: 0,
             ..BedOptions::default()
         },
     )
-    .await?;
-    let wss = tls(ctx, &tls_bed, ctx.profile.session_steps[0]).await?;
-    Ok(json!({"ws": steps, "wss": wss}))
+    .await
 }
 
 pub fn fleet(ctx: &Ctx, bed: &Bed) -> FleetConfig {

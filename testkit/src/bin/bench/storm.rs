@@ -7,14 +7,14 @@
 //! a bare tokio-tungstenite + tokio-rustls client opening as many sessions to
 //! the same kind of upstream at once.
 
-use crate::sessions::{apply_idle, fleet, tls_upstream};
+use crate::sessions::{apply_idle, fleet, idle_bed, tls_upstream};
 use crate::{Ctx, round2, stats};
 use anyhow::Context;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
-use tether_testkit::bed::{Bed, BedOptions};
+use tether_testkit::bed::Bed;
 use tether_testkit::fleet::metric_sum;
 use tokio::time::Instant;
 
@@ -24,7 +24,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
     // A limit that binds: the whole takeover at about a tenth of n per second.
     let rate = (n / 10).max(1) as u32;
     let limited = one(ctx, n, Some((rate, rate))).await?;
-    let bare = bare(n).await?;
+    let bare = bare(ctx, n).await?;
     let line = |label: &str, v: &Value| {
         println!(
             "storm {n} wss {label:<22} resumed after kill p50 {:.2}s p99 {:.2}s max {:.2}s; takeover max {:.2}s; taker CPU {:.2} cores; max connects/s {}; lost {}, fences {}, renewal errors {}",
@@ -59,21 +59,11 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
 
 /// CPU seconds (user + system) a process has used so far.
 fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / 100.0)
+    tether::process_metrics::stat(Some(pid)).map(|s| s.cpu_seconds)
 }
 
 async fn one(ctx: &Ctx, n: usize, limit: Option<(u32, u32)>) -> anyhow::Result<Value> {
-    let bed = Bed::start(
-        ctx.exe.clone(),
-        BedOptions {
-            rate: 0,
-            ..BedOptions::default()
-        },
-    )
-    .await?;
+    let bed = idle_bed(ctx).await?;
     let (upstream, ca) = tls_upstream(&bed).await?;
     let ca = ca.to_string_lossy().to_string();
     let fleet = fleet(ctx, &bed);
@@ -179,15 +169,8 @@ fn most_in_one_second(times: &[Instant]) -> usize {
 /// The floor: `n` sessions opened at once by a bare client (tokio-rustls +
 /// tokio-tungstenite, the same stack and buffer settings), time until each
 /// handshake completes.
-async fn bare(n: usize) -> anyhow::Result<Value> {
-    let bed = Bed::start(
-        std::env::current_exe()?.with_file_name("tether"),
-        BedOptions {
-            rate: 0,
-            ..BedOptions::default()
-        },
-    )
-    .await?;
+async fn bare(ctx: &Ctx, n: usize) -> anyhow::Result<Value> {
+    let bed = idle_bed(ctx).await?;
     let (upstream, ca) = tls_upstream(&bed).await?;
     let mut roots = rustls::RootCertStore::empty();
     let pem = std::fs::read(&ca)?;
