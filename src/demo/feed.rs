@@ -66,6 +66,9 @@ pub struct SessionRecord {
 struct State {
     sessions: Mutex<Vec<SessionRecord>>,
     next_id: AtomicU64,
+    /// Per open plain-TCP session (by id), a duplicate of its socket, so a
+    /// successor can tell whether the client already hung up.
+    probes: Mutex<HashMap<u64, std::os::fd::OwnedFd>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -97,7 +100,8 @@ impl Feed {
         feed.task = Some(tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
                 let _ = socket.set_nodelay(true);
-                tokio::spawn(serving.clone().serve(socket));
+                let probe = std::os::fd::AsFd::as_fd(&socket).try_clone_to_owned().ok();
+                tokio::spawn(serving.clone().serve_probed(socket, probe));
             }
         }));
         Ok(feed)
@@ -184,6 +188,20 @@ impl FeedHandle {
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
+        self.serve_probed(socket, None).await
+    }
+
+    /// [`serve`](Self::serve), with a duplicate of the connection's socket.
+    /// The close of a session is recorded when its task sees the client hang
+    /// up; a successor's handshake may be recorded first although the client
+    /// had closed before reconnecting (tasks run in any order). With probes,
+    /// a new session first asks the kernel whether its predecessors' clients
+    /// have already hung up, and records those closes first: ordering by what
+    /// the client did, not by which task ran first.
+    async fn serve_probed<S>(self, socket: S, probe: Option<std::os::fd::OwnedFd>)
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
         let mut target: Option<(String, Option<u64>, Option<String>)> = None;
         // tungstenite's callback signature fixes the error type.
         #[allow(clippy::result_large_err)]
@@ -211,6 +229,20 @@ impl FeedHandle {
         let id = self.state.next_id.fetch_add(1, Ordering::SeqCst);
         let index = {
             let mut sessions = lock(&self.state.sessions);
+            let now = Instant::now();
+            let probes = lock(&self.state.probes);
+            for earlier in sessions
+                .iter_mut()
+                .filter(|s| s.stream == stream && s.closed.is_none())
+            {
+                if probes.get(&earlier.id).is_some_and(hung_up) {
+                    earlier.closed = Some(now);
+                }
+            }
+            drop(probes);
+            if let Some(probe) = probe {
+                lock(&self.state.probes).insert(id, probe);
+            }
             sessions.push(SessionRecord {
                 id,
                 stream: stream.clone(),
@@ -267,9 +299,27 @@ impl FeedHandle {
                 }
             }
         }
-        // Record the close before the socket is torn down, so a successor's
-        // open can never be recorded earlier than this close when they did not overlap.
-        lock(&self.state.sessions)[index].closed = Some(Instant::now());
+        // Record the close before the socket is torn down (unless a successor
+        // already found the client gone and recorded it earlier).
+        lock(&self.state.sessions)[index]
+            .closed
+            .get_or_insert_with(Instant::now);
+        lock(&self.state.probes).remove(&id);
         drop(ws);
     }
+}
+
+/// Whether the client of `socket` has hung up (its FIN or reset arrived),
+/// asked of the kernel without reading anything.
+fn hung_up(socket: &std::os::fd::OwnedFd) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    // Linux's POLLRDHUP (the peer shut down its writing half), which nix does
+    // not name.
+    let rdhup = PollFlags::from_bits_retain(0x2000);
+    let mut fds = [PollFd::new(socket.as_fd(), rdhup)];
+    matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
+        && fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(rdhup | PollFlags::POLLHUP | PollFlags::POLLERR))
 }

@@ -82,6 +82,9 @@ pub struct Holder {
     /// The last session failed permanently: wait for a new generation.
     failed: bool,
     last_status_write: Option<Instant>,
+    /// One permit: at most one session of this stream exists at any moment,
+    /// including one still being torn down (see `SessionConfig::turn`).
+    one_session: Arc<tokio::sync::Semaphore>,
 }
 
 impl Holder {
@@ -98,6 +101,7 @@ impl Holder {
             record,
             failed: false,
             last_status_write: None,
+            one_session: Arc::new(tokio::sync::Semaphore::new(1)),
         }
     }
 
@@ -108,7 +112,10 @@ impl Holder {
         let mut session: Option<Running> = None;
         loop {
             if session.is_none() && !self.failed && fence.is_valid() {
-                session = self.start_session();
+                // Waits only while the previous session is still being dropped.
+                if let Ok(turn) = self.one_session.clone().acquire_owned().await {
+                    session = self.start_session(turn);
+                }
             }
             let due = self.status_due();
             let status_due = async move {
@@ -162,7 +169,7 @@ impl Holder {
         )
     }
 
-    fn start_session(&mut self) -> Option<Running> {
+    fn start_session(&mut self, turn: tokio::sync::OwnedSemaphorePermit) -> Option<Running> {
         self.failed = false;
         let spec = match spec_of(&self.record) {
             Ok(spec) => spec,
@@ -184,6 +191,7 @@ impl Holder {
             worker: lease.owner.as_str().into(),
             token: lease.counter,
             spec,
+            turn,
         };
         let ctl = SessionControl::default();
         let handle = self.ctx.sessions.start(

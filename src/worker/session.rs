@@ -46,6 +46,11 @@ pub struct SessionConfig {
     /// The fencing token, sent with every sink payload.
     pub token: u64,
     pub spec: StreamConnectionSpec,
+    /// The stream's one session slot, held for the session's whole life: a
+    /// session that was aborted is dropped (its socket closed) only when the
+    /// runtime next runs its task, so the next session of the stream waits
+    /// for this to be released rather than for the abort to be requested.
+    pub turn: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// What a session needs from its worker.
