@@ -272,6 +272,19 @@ pub struct WorkerArgs {
     )]
     pub allow_sink_hosts: Vec<String>,
 
+    /// Kinesis data streams a resource's sink may write to (comma-separated;
+    /// `*` matches any run of characters, `{namespace}` stands for the
+    /// resource's namespace; empty: none). Workers write with their own AWS
+    /// role, so this keeps one namespace's resources out of another's data
+    /// streams (the chart sets `{namespace}-*`).
+    #[arg(
+        long,
+        env = "TETHER_KINESIS_STREAMS",
+        value_delimiter = ',',
+        default_value = "*"
+    )]
+    pub kinesis_streams: Vec<String>,
+
     /// Networks neither upstreams nor sinks may reach unless the host is
     /// listed by its exact name (comma-separated CIDRs; the chart sets the
     /// cluster's service and pod networks).

@@ -16,6 +16,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod process_metrics;
 pub mod sink;
+pub mod telemetry;
 pub mod worker;
 
 /// Installs rustls's ring provider as the process default.

@@ -1,12 +1,13 @@
-//! The `tether` binary: parse configuration, start logging, run one subcommand.
+//! The `tether` binary: parse configuration, start logging and tracing, run one subcommand.
 
 use clap::Parser;
 use std::process::ExitCode;
-use tether::config::{Cli, LogFormat};
+use tether::config::Cli;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    // Declared before the runtime, so it is dropped (traces flushed) after it.
+    let _telemetry = tether::telemetry::init(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -24,20 +25,5 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(
-            "info,aws_config=error,aws_smithy_runtime=warn,kube=warn,dynoxide=error",
-        )
-    });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
     }
 }

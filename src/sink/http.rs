@@ -40,10 +40,13 @@ impl HttpSink {
     }
 
     pub async fn deliver(&self, batch: &Batch<'_>) -> Result<(), SinkError> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        crate::telemetry::inject_http(&mut headers);
         let response = self
             .client
             .post(&self.url)
             .timeout(self.timeout)
+            .headers(headers)
             .json(batch)
             .send()
             .await

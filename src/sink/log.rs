@@ -1,6 +1,6 @@
 //! The log sink: one JSON line per message on standard output.
 
-use super::{Batch, SinkError};
+use super::{Batch, SinkError, record_json};
 use std::io::Write;
 
 pub struct LogSink;
@@ -9,14 +9,7 @@ impl LogSink {
     pub fn deliver(&self, batch: &Batch<'_>) -> Result<(), SinkError> {
         let mut out = std::io::stdout().lock();
         for m in batch.messages {
-            let line = serde_json::json!({
-                "connection": batch.connection,
-                "worker": batch.worker,
-                "token": batch.token,
-                "seq": m.seq,
-                "data": m.data,
-            });
-            writeln!(out, "{line}")?;
+            writeln!(out, "{}", record_json(batch, m))?;
         }
         out.flush()?;
         Ok(())

@@ -1,14 +1,22 @@
-//! Sinks: where a stream's messages go. A sink acknowledges a batch or fails it;
-//! the checkpoint only ever advances past acknowledged messages.
+//! Sinks: where a stream's messages go. A sink acknowledges a batch, refuses
+//! part of it, or fails it; the checkpoint only ever advances past
+//! acknowledged messages, and every payload carries the fencing token.
 
+mod clients;
 mod http;
+mod kinesis;
 mod log;
+mod nats;
 
+pub use clients::SinkClients;
 pub use http::{FENCED_HEADER, HttpSink};
+pub use kinesis::KinesisSink;
 pub use log::LogSink;
+pub use nats::{CONNECTION_HEADER, NatsSink, SEQ_HEADER, TOKEN_HEADER, WORKER_HEADER};
 
 use crate::crd::SinkSpec;
 use serde::Serialize;
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -29,6 +37,18 @@ pub struct Batch<'a> {
     pub messages: &'a [Message],
 }
 
+/// One message as a self-describing record (log lines, Kinesis records):
+/// the stream, the owner and its token travel with the data.
+pub fn record_json(batch: &Batch<'_>, message: &Message) -> serde_json::Value {
+    serde_json::json!({
+        "connection": batch.connection,
+        "worker": batch.worker,
+        "token": batch.token,
+        "seq": message.seq,
+        "data": message.data,
+    })
+}
+
 #[derive(Debug, Error)]
 pub enum SinkError {
     #[error("sink answered HTTP {status}")]
@@ -37,6 +57,18 @@ pub enum SinkError {
     Fenced,
     #[error("sink unreachable: {0}")]
     Transport(String),
+    #[error("sink throttled the request: {0}")]
+    Throttled(String),
+    #[error("sink refused the request: {0}")]
+    Refused(String),
+    /// Some messages were accepted and some not: `failed` are the refused
+    /// ones' indices in the batch, ascending. Only those are sent again.
+    #[error("sink refused {} of {total} messages: {detail}", failed.len())]
+    Partial {
+        failed: Vec<usize>,
+        total: usize,
+        detail: String,
+    },
     #[error("cannot write to standard output: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -48,6 +80,9 @@ impl SinkError {
             Self::Status { .. } => "status",
             Self::Fenced => "fenced",
             Self::Transport(_) => "transport",
+            Self::Throttled(_) => "throttled",
+            Self::Refused(_) => "refused",
+            Self::Partial { .. } => "partial",
             Self::Io(_) => "io",
         }
     }
@@ -57,15 +92,25 @@ impl SinkError {
 pub enum Sink {
     Http(HttpSink),
     Log(LogSink),
+    Kinesis(KinesisSink),
+    // Boxed: its settings are large and the enum lives in every session.
+    Nats(Box<NatsSink>),
 }
 
 impl Sink {
-    /// Builds the sink a spec asks for, sharing the worker's HTTP client.
-    /// The spec has been validated, so exactly one sink is set; `log` is the fallback.
-    pub fn from_spec(spec: &SinkSpec, client: &reqwest::Client) -> Self {
-        match &spec.http {
-            Some(http) => Self::Http(HttpSink::new(client.clone(), http)),
-            None => Self::Log(LogSink),
+    /// Builds the sink a spec asks for, sharing the worker's clients. The
+    /// spec has been validated, so exactly one sink is set; `log` is the
+    /// fallback. Nothing is dialled here: connections open at delivery, so a
+    /// sink that is down is retried like any failed delivery.
+    pub fn from_spec(spec: &SinkSpec, namespace: &str, clients: &Arc<SinkClients>) -> Self {
+        if let Some(http) = &spec.http {
+            Self::Http(HttpSink::new(clients.http.clone(), http))
+        } else if let Some(kinesis) = &spec.kinesis {
+            Self::Kinesis(KinesisSink::new(clients.clone(), kinesis))
+        } else if let Some(nats) = &spec.nats {
+            Self::Nats(Box::new(NatsSink::new(clients.clone(), namespace, nats)))
+        } else {
+            Self::Log(LogSink)
         }
     }
 
@@ -73,6 +118,8 @@ impl Sink {
         match self {
             Self::Http(_) => "http",
             Self::Log(_) => "log",
+            Self::Kinesis(_) => "kinesis",
+            Self::Nats(_) => "nats",
         }
     }
 
@@ -81,6 +128,8 @@ impl Sink {
         match self {
             Self::Http(s) => s.max_batch(),
             Self::Log(_) => 64,
+            Self::Kinesis(s) => s.max_batch(),
+            Self::Nats(s) => s.max_batch(),
         }
     }
 
@@ -89,6 +138,8 @@ impl Sink {
         match self {
             Self::Http(s) => s.linger(),
             Self::Log(_) => Duration::ZERO,
+            Self::Kinesis(s) => s.linger(),
+            Self::Nats(s) => s.linger(),
         }
     }
 
@@ -97,6 +148,8 @@ impl Sink {
         match self {
             Self::Http(s) => s.deliver(batch).await,
             Self::Log(s) => s.deliver(batch),
+            Self::Kinesis(s) => s.deliver(batch).await,
+            Self::Nats(s) => s.deliver(batch).await,
         }
     }
 }

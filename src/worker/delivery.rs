@@ -11,6 +11,7 @@ use crate::sink::{Batch, Message, Sink, SinkError};
 use std::time::Duration;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Sink retry backoff: first step and cap (full jitter).
 pub const SINK_BACKOFF: RetryPolicy = RetryPolicy {
@@ -66,9 +67,19 @@ impl Delivery<'_> {
                 messages: batch,
             };
             let sent = Instant::now();
+            let span = tracing::info_span!(
+                "sink.batch",
+                sink = self.sink.kind(),
+                messages = batch.len(),
+                first_seq = batch.first().map_or(0, |m| m.seq),
+                last_seq = last,
+                attempt,
+                result = tracing::field::Empty,
+            );
+            let attempt_span = span.clone();
             let result = tokio::select! {
                 // Boxed: the sink client's future only lives during a delivery.
-                r = timeout_at(self.fence.bound(), Box::pin(self.sink.deliver(&payload))) => match r {
+                r = timeout_at(self.fence.bound(), Box::pin(self.sink.deliver(&payload).instrument(attempt_span))) => match r {
                     Ok(r) => r,
                     Err(_) => return Err(Undelivered::Fenced),
                 },
@@ -77,6 +88,10 @@ impl Delivery<'_> {
             self.metrics
                 .sink_batch_seconds
                 .observe(sent.elapsed().as_secs_f64());
+            span.record(
+                "result",
+                result.as_ref().map_or_else(SinkError::category, |()| "ok"),
+            );
             match result {
                 Ok(()) => {
                     self.count(batch.len(), "ok");
@@ -99,23 +114,59 @@ impl Delivery<'_> {
                     self.count(0, "fenced");
                     return Err(Undelivered::SinkFenced);
                 }
+                Err(SinkError::Partial { failed, total, .. })
+                    if failed.first().is_some_and(|&i| i < batch.len())
+                        && failed.len() < total
+                        && total == batch.len() =>
+                {
+                    let accepted = total - failed.len();
+                    self.count(accepted, "partial");
+                    // The checkpoint passes the accepted prefix only; the
+                    // accepted records after a refused one are not counted
+                    // again, but a replay after a crash may repeat them.
+                    if let Some(prefix_end) = failed[0].checked_sub(1) {
+                        self.progress.ack(batch[prefix_end].seq);
+                    }
+                    let mut index = 0;
+                    batch.retain(|_| {
+                        let keep = failed.binary_search(&index).is_ok();
+                        index += 1;
+                        keep
+                    });
+                    self.backoff(
+                        &mut attempt,
+                        &format!("{accepted} of {total} accepted; retrying the rest in order"),
+                    )
+                    .await?;
+                }
                 Err(e) => {
                     self.count(0, e.category());
-                    if attempt.is_multiple_of(LOG_EVERY_ATTEMPTS) {
-                        tracing::warn!(stream = self.connection, error = %e, attempt, "sink delivery failed; holding the batch and pausing reads");
-                    }
-                    self.progress.update_status(|s| {
-                        s.reason = Some("SinkUnavailable".into());
-                        s.message = Some(e.to_string());
-                    });
-                    let wake = Instant::now() + SINK_BACKOFF.delay(attempt);
-                    attempt = attempt.saturating_add(1);
-                    tokio::select! {
-                        _ = sleep_until(wake.min(self.fence.bound())) => {}
-                        _ = self.abort.cancelled() => return Err(Undelivered::Aborted),
-                    }
+                    self.backoff(&mut attempt, &e.to_string()).await?;
                 }
             }
+        }
+    }
+
+    /// After a failed attempt: says so (status, and a log line now and then)
+    /// and sleeps the backoff, ending early at the fence or an abort.
+    async fn backoff(&self, attempt: &mut u32, error: &str) -> Result<(), Undelivered> {
+        if attempt.is_multiple_of(LOG_EVERY_ATTEMPTS) {
+            tracing::warn!(
+                stream = self.connection,
+                error,
+                attempt = *attempt,
+                "sink delivery failed; holding the batch and pausing reads"
+            );
+        }
+        self.progress.update_status(|s| {
+            s.reason = Some("SinkUnavailable".into());
+            s.message = Some(error.to_string());
+        });
+        let wake = Instant::now() + SINK_BACKOFF.delay(*attempt);
+        *attempt = attempt.saturating_add(1);
+        tokio::select! {
+            _ = sleep_until(wake.min(self.fence.bound())) => Ok(()),
+            _ = self.abort.cancelled() => Err(Undelivered::Aborted),
         }
     }
 

@@ -14,6 +14,7 @@ pub mod error;
 pub mod fence;
 pub mod fleet;
 pub mod holder;
+pub mod kinesis_scope;
 pub mod liveness;
 pub mod observer;
 pub mod policy;
@@ -70,8 +71,9 @@ pub struct WorkerCtx {
     pub store: LeaseStore,
     pub metrics: Arc<WorkerMetrics>,
     pub dialer: Dialer,
-    pub http: reqwest::Client,
-    /// Where HTTP sinks may be sent (also enforced by `http`'s resolver).
+    /// The sinks' shared clients (the HTTP one's resolver enforces `sink_policy`).
+    pub sinks: Arc<crate::sink::SinkClients>,
+    /// Where HTTP and NATS sinks may be sent.
     pub sink_policy: policy::HostPolicy,
     /// This process's pod, in Kubernetes (container-restart proof).
     pub pod: Option<PodLookup>,
@@ -96,6 +98,11 @@ impl WorkerCtx {
             .build()
             .map_err(|e| WorkerError::HttpClient(e.to_string()))?;
         let tls = transport::tls_config(settings.ca_file.as_deref()).map_err(WorkerError::Tls)?;
+        let sinks = Arc::new(crate::sink::SinkClients::new(
+            http,
+            secrets.clone(),
+            settings.worker_id.clone(),
+        ));
         Ok(Self {
             dialer: Dialer {
                 policy,
@@ -106,7 +113,7 @@ impl WorkerCtx {
                     settings.connect_burst,
                 ),
             },
-            http,
+            sinks,
             sink_policy,
             settings,
             store,
@@ -226,8 +233,9 @@ async fn incarnation(
     let registry = Arc::new(Registry::default());
     let deps = SessionDeps {
         dialer: ctx.dialer.clone(),
-        http: ctx.http.clone(),
+        sinks: ctx.sinks.clone(),
         sink_policy: ctx.sink_policy.clone(),
+        kinesis_streams: ctx.settings.kinesis_streams.clone(),
         metrics: ctx.metrics.clone(),
         fence: fence.clone(),
     };

@@ -8,13 +8,14 @@
 
 use super::delivery::{Delivery, Undelivered};
 use super::fence::Fence;
+use super::kinesis_scope::KinesisStreams;
 use super::policy::HostPolicy;
 use super::progress::StreamProgress;
 use super::transport::{CONNECT_TIMEOUT, ConnectError, Dialer, Ws, resume_url};
 use crate::crd::StreamConnectionSpec;
 use crate::lease::{Phase, RetryPolicy, StreamKey, now_ms};
 use crate::metrics::WorkerMetrics;
-use crate::sink::{Message, Sink};
+use crate::sink::{Message, Sink, SinkClients};
 use base64::Engine;
 use futures::{SinkExt, StreamExt};
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{self, Message as WsMessage};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Bound on a close handshake before the socket is simply dropped.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -57,8 +59,10 @@ pub struct SessionConfig {
 #[derive(Clone)]
 pub struct SessionDeps {
     pub dialer: Dialer,
-    pub http: reqwest::Client,
+    pub sinks: Arc<SinkClients>,
     pub sink_policy: HostPolicy,
+    /// Which Kinesis streams each namespace may write to.
+    pub kinesis_streams: KinesisStreams,
     pub metrics: Arc<WorkerMetrics>,
     pub fence: Arc<Fence>,
 }
@@ -142,7 +146,9 @@ impl Sessions for WebSocketSessions {
         deps: SessionDeps,
         ctl: SessionControl,
     ) -> tokio::task::JoinHandle<SessionEnd> {
-        tokio::spawn(run(cfg, progress, deps, ctl))
+        // The session's span: the parent of its connects and sink batches.
+        let span = tracing::info_span!("session", stream = %cfg.key, token = cfg.token, worker = %cfg.worker);
+        tokio::spawn(run(cfg, progress, deps, ctl).instrument(span))
     }
 }
 
@@ -153,7 +159,7 @@ pub async fn run(
     deps: SessionDeps,
     ctl: SessionControl,
 ) -> SessionEnd {
-    if let Err(message) = sink_allowed(&cfg.spec, &deps.sink_policy).await {
+    if let Err(message) = sink_allowed(&cfg.spec, &cfg.key.namespace, &deps).await {
         deps.metrics
             .session_errors
             .get_or_create(&[("kind", "sink_policy")])
@@ -167,7 +173,7 @@ pub async fn run(
         });
         return SessionEnd::Failed(message);
     }
-    let sink = Sink::from_spec(&cfg.spec.sink, &deps.http);
+    let sink = Sink::from_spec(&cfg.spec.sink, &cfg.key.namespace, &deps.sinks);
     let mut attempt = 0u32;
     loop {
         if ctl.abort.is_cancelled() {
@@ -199,7 +205,9 @@ pub async fn run(
         }
         let connected = tokio::select! {
             // Boxed: TLS and handshake state is large and only needed while connecting.
-            r = timeout(CONNECT_TIMEOUT, Box::pin(deps.dialer.dial(&cfg.key, &cfg.spec, &url))) => r.unwrap_or(Err(ConnectError::Timeout)),
+            r = timeout(CONNECT_TIMEOUT, Box::pin(deps.dialer.dial(&cfg.key, &cfg.spec, &url).instrument(
+                tracing::info_span!("connect", host = %host, resume_from = checkpoint.map(|c| c as i64).unwrap_or(-1))
+            ))) => r.unwrap_or(Err(ConnectError::Timeout)),
             _ = ctl.abort.cancelled() => return SessionEnd::Aborted,
             _ = ctl.stop.cancelled() => return SessionEnd::Stopped,
             _ = deps.fence.closed() => return SessionEnd::Fenced,
@@ -268,16 +276,35 @@ pub async fn run(
     }
 }
 
-/// Refuses an HTTP sink the policy forbids, before anything is read for it.
-/// Only permanent refusals count: a name that does not resolve yet is the
-/// delivery path's to retry (its resolver applies the same policy).
-async fn sink_allowed(spec: &StreamConnectionSpec, policy: &HostPolicy) -> Result<(), String> {
-    let Some(http) = &spec.sink.http else {
+/// Refuses a sink the policy forbids, before anything is read for it: an
+/// HTTP or NATS server outside the sink host policy, a Kinesis stream outside
+/// `--kinesis-streams`. Only permanent refusals count: a name that does not
+/// resolve yet is the delivery path's to retry (the HTTP client's resolver
+/// applies the same policy).
+async fn sink_allowed(
+    spec: &StreamConnectionSpec,
+    namespace: &str,
+    deps: &SessionDeps,
+) -> Result<(), String> {
+    if let Some(kinesis) = &spec.sink.kinesis
+        && !deps.kinesis_streams.allows(namespace, &kinesis.stream_name)
+    {
+        return Err(format!(
+            "sink kinesis stream '{}' is not in --kinesis-streams for namespace {namespace}",
+            kinesis.stream_name
+        ));
+    }
+    let Some(url) = spec.sink.http.as_ref().map(|h| &h.url).or(spec
+        .sink
+        .nats
+        .as_ref()
+        .map(|n| &n.url))
+    else {
         return Ok(());
     };
-    let url = url::Url::parse(&http.url).map_err(|e| format!("sink URL: {e}"))?;
-    match policy.resolve(&url).await {
-        Err(e) if e.is_permanent() => Err(format!("sink {}: {e}", http.url)),
+    let parsed = url::Url::parse(url).map_err(|e| format!("sink URL: {e}"))?;
+    match deps.sink_policy.resolve(&parsed).await {
+        Err(e) if e.is_permanent() => Err(format!("sink {url}: {e}")),
         _ => Ok(()),
     }
 }

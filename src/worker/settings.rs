@@ -56,6 +56,8 @@ pub struct WorkerSettings {
     /// Connects per second per upstream host (0: unlimited), and the burst.
     pub connect_rate: f64,
     pub connect_burst: u32,
+    /// Which Kinesis data streams each namespace may write to.
+    pub kinesis_streams: super::kinesis_scope::KinesisStreams,
 }
 
 impl WorkerSettings {
@@ -72,6 +74,7 @@ impl WorkerSettings {
             drain_timeout,
             allow_hosts: _,
             allow_sink_hosts: _,
+            kinesis_streams,
             deny_cidrs: _,
             no_rebalance,
             ca_file,
@@ -111,6 +114,7 @@ impl WorkerSettings {
             ca_file: ca_file.clone(),
             connect_rate: *connect_rate,
             connect_burst: *connect_burst,
+            kinesis_streams: super::kinesis_scope::KinesisStreams::new(kinesis_streams.clone()),
         })
     }
 }

@@ -20,6 +20,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self};
+use tracing::Instrument;
 use url::Url;
 
 /// Read buffer per session. tungstenite's default (128 KiB) dominates an idle
@@ -216,6 +217,7 @@ impl Dialer {
                 .map_err(|e| ConnectError::Tls(format!("invalid TLS server name {host}: {e}")))?;
             let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
                 .connect(name, tcp)
+                .instrument(tracing::info_span!("tls", server = host))
                 .await
                 .map_err(|e| ConnectError::Tls(format!("TLS handshake with {host} failed: {e}")))?;
             Transport::Tls(Box::new(tls))

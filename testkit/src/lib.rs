@@ -5,6 +5,7 @@
 //! - `store`: the DynamoDB-compatible server under test (dynoxide, or dynalite);
 //! - `upstream`: the replaying feed (plain and TLS) and a misbehaving one;
 //! - `sink`: the verifying sink, a fault proxy in front of it, a counting sink;
+//! - `sink_servers`: kinesalite and nats-server, with read-backs;
 //! - `proxy`, `dynamo_proxy`: TCP and DynamoDB fault proxies;
 //! - `fleet`: `tether worker` processes;
 //! - `bed`: the one test bed; `fixtures`: specs written once;
@@ -21,5 +22,6 @@ pub mod fleet;
 pub mod k8s;
 pub mod proxy;
 pub mod sink;
+pub mod sink_servers;
 pub mod store;
 pub mod upstream;

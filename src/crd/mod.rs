@@ -9,6 +9,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+mod sink;
+pub use sink::*;
+
 /// Default keepalive ping interval.
 pub const DEFAULT_PING_INTERVAL_SECONDS: u32 = 15;
 /// Default time to wait for a pong before the session is declared dead.
@@ -17,12 +20,6 @@ pub const DEFAULT_PONG_TIMEOUT_SECONDS: u32 = 10;
 pub const DEFAULT_MAX_MESSAGE_BYTES: u32 = 1024 * 1024;
 /// Default largest single frame accepted from an upstream.
 pub const DEFAULT_MAX_FRAME_BYTES: u32 = 256 * 1024;
-/// Default number of messages per sink batch.
-pub const DEFAULT_BATCH_MESSAGES: u32 = 100;
-/// Default time a partial batch waits for more messages before it is sent.
-pub const DEFAULT_LINGER_MS: u32 = 50;
-/// Default timeout of one sink request.
-pub const DEFAULT_SINK_TIMEOUT_SECONDS: u32 = 10;
 
 /// A long-lived outbound WebSocket stream that exactly one tether worker keeps
 /// connected, forwarding every message to a sink and resuming from the last
@@ -156,55 +153,6 @@ fn default_ping_interval() -> u32 {
 fn default_pong_timeout() -> u32 {
     DEFAULT_PONG_TIMEOUT_SECONDS
 }
-
-/// Exactly one sink.
-#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-validations" = [{"rule": "has(self.http) != has(self.log)", "message": "set exactly one of sink.http and sink.log"}]))]
-pub struct SinkSpec {
-    /// POST batches of messages as JSON; a 2xx response acknowledges the batch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http: Option<HttpSinkSpec>,
-    /// Write one JSON line per message to the worker's standard output.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub log: Option<LogSinkSpec>,
-}
-
-/// An HTTP sink. Failures are retried with backoff and reading from the socket
-/// pauses meanwhile (backpressure): messages are never dropped.
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct HttpSinkSpec {
-    /// `http://` or `https://` URL the batches are POSTed to.
-    #[schemars(pattern(r"^https?://"), length(max = 2048))]
-    pub url: String,
-    /// Most messages in one batch.
-    #[serde(default = "default_batch_messages")]
-    #[schemars(range(min = 1, max = 10000))]
-    pub max_batch_messages: u32,
-    /// Milliseconds a partial batch waits for more messages.
-    #[serde(default = "default_linger_ms")]
-    #[schemars(range(max = 10000))]
-    pub linger_ms: u32,
-    /// Seconds before one POST is abandoned and retried.
-    #[serde(default = "default_sink_timeout")]
-    #[schemars(range(min = 1, max = 300))]
-    pub timeout_seconds: u32,
-}
-
-fn default_batch_messages() -> u32 {
-    DEFAULT_BATCH_MESSAGES
-}
-fn default_linger_ms() -> u32 {
-    DEFAULT_LINGER_MS
-}
-fn default_sink_timeout() -> u32 {
-    DEFAULT_SINK_TIMEOUT_SECONDS
-}
-
-/// The log sink has no settings.
-#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-pub struct LogSinkSpec {}
 
 /// One handshake header whose value comes from a reference.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -434,37 +382,7 @@ impl StreamConnectionSpec {
                 "must be between 1 and 600",
             ));
         }
-        match (&self.sink.http, &self.sink.log) {
-            (Some(http), None) => {
-                match url::Url::parse(&http.url) {
-                    Ok(u) if matches!(u.scheme(), "http" | "https") => {}
-                    _ => errors.push(err(
-                        "spec.sink.http.url",
-                        "must be an http:// or https:// URL",
-                    )),
-                }
-                if !(1..=10000).contains(&http.max_batch_messages) {
-                    errors.push(err(
-                        "spec.sink.http.maxBatchMessages",
-                        "must be between 1 and 10000",
-                    ));
-                }
-                if http.linger_ms > 10000 {
-                    errors.push(err("spec.sink.http.lingerMs", "must be at most 10000"));
-                }
-                if !(1..=300).contains(&http.timeout_seconds) {
-                    errors.push(err(
-                        "spec.sink.http.timeoutSeconds",
-                        "must be between 1 and 300",
-                    ));
-                }
-            }
-            (None, Some(_)) => {}
-            _ => errors.push(err(
-                "spec.sink",
-                "set exactly one of sink.http and sink.log",
-            )),
-        }
+        self.sink.validate(&mut errors);
         if self.headers.len() > 32 {
             errors.push(err("spec.headers", "at most 32 headers"));
         }
@@ -506,6 +424,14 @@ impl StreamConnectionSpec {
             if h.value_from.env.is_some() {
                 errors.push(err(
                     &format!("spec.headers[{i}].valueFrom.env"),
+                    "not available to resources in Kubernetes mode (it would read the operator's own environment); use secretKeyRef",
+                ));
+            }
+        }
+        for (field, source) in self.sink.references() {
+            if source.env.is_some() {
+                errors.push(err(
+                    &format!("{field}.env"),
                     "not available to resources in Kubernetes mode (it would read the operator's own environment); use secretKeyRef",
                 ));
             }
@@ -553,8 +479,8 @@ pub mod fixtures {
                 subscribe: Vec::new(),
                 keepalive: KeepaliveSpec::default(),
                 sink: SinkSpec {
-                    http: None,
                     log: Some(LogSinkSpec {}),
+                    ..SinkSpec::default()
                 },
                 headers: Vec::new(),
                 limits: LimitsSpec::default(),
@@ -633,7 +559,7 @@ mod drift {
     #[test]
     fn checked_in_crd_matches_the_rust_types() {
         let generated = super::crd_yaml().unwrap();
-        let checked_in = include_str!("../crds/streamconnections.tether.dev.yaml");
+        let checked_in = include_str!("../../crds/streamconnections.tether.dev.yaml");
         assert!(
             generated == checked_in,
             "crds/ is stale: run `cargo run -- crd > crds/streamconnections.tether.dev.yaml`"

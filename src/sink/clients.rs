@@ -1,0 +1,115 @@
+//! The clients sinks share across a worker's sessions: one HTTP client, one
+//! Kinesis client per region, one NATS connection per server, namespace and
+//! set of credential references. Sessions come and go by the thousand in a
+//! failover; their sinks must not each open a connection of their own.
+
+use crate::worker::secrets::SecretSource;
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+/// Per-attempt timeout of one Kinesis call; the sink's own timeout bounds the call.
+const KINESIS_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a NATS connection attempt may take before it is retried.
+const NATS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What sinks are built from.
+pub struct SinkClients {
+    /// HTTP sinks' client (its resolver applies the sink host policy).
+    pub http: reqwest::Client,
+    /// Where NATS credential references are resolved.
+    pub secrets: SecretSource,
+    /// The name NATS connections announce (the worker id).
+    pub client_name: String,
+    kinesis: Mutex<HashMap<Option<String>, aws_sdk_kinesis::Client>>,
+    nats: Mutex<HashMap<String, async_nats::Client>>,
+}
+
+/// Resolved NATS credentials; never logged (no `Debug`).
+pub enum NatsAuth {
+    None,
+    Token(String),
+    UserPassword(String, String),
+}
+
+impl SinkClients {
+    pub fn new(http: reqwest::Client, secrets: SecretSource, client_name: String) -> Self {
+        Self {
+            http,
+            secrets,
+            client_name,
+            kinesis: Mutex::default(),
+            nats: Mutex::default(),
+        }
+    }
+
+    /// The Kinesis client of `region` (`None`: the worker's own), built once
+    /// from the standard AWS configuration (`AWS_ENDPOINT_URL_KINESIS`, the
+    /// default credential chain) with the same rustls + ring HTTP client as
+    /// the lease store.
+    pub async fn kinesis(&self, region: Option<&str>) -> aws_sdk_kinesis::Client {
+        let key = region.map(str::to_string);
+        let mut clients = self.kinesis.lock().await;
+        if let Some(client) = clients.get(&key) {
+            return client.clone();
+        }
+        crate::install_crypto_provider();
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+            ))
+            .build_https();
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .http_client(http)
+            // The delivery loop retries with its own backoff, pausing reads.
+            .retry_config(aws_config::retry::RetryConfig::disabled())
+            .timeout_config(
+                aws_config::timeout::TimeoutConfig::builder()
+                    .operation_attempt_timeout(KINESIS_ATTEMPT_TIMEOUT)
+                    .build(),
+            );
+        if let Some(region) = region {
+            loader = loader.region(aws_config::Region::new(region.to_string()));
+        }
+        let client = aws_sdk_kinesis::Client::new(&loader.load().await);
+        clients.insert(key, client.clone());
+        client
+    }
+
+    /// A connection to `url` for streams of `namespace` whose credential
+    /// references serialise to `refs`, opened once and shared. The connection
+    /// retries in the background (`retry_on_initial_connect`), so a server
+    /// that is down makes publishes time out, and the delivery loop back off,
+    /// instead of holding up the session.
+    pub async fn nats(
+        &self,
+        url: &str,
+        namespace: &str,
+        refs: &str,
+        auth: impl std::future::Future<Output = Result<NatsAuth, String>>,
+    ) -> Result<async_nats::Client, String> {
+        let key = format!("{url}\n{namespace}\n{refs}");
+        let mut clients = self.nats.lock().await;
+        if let Some(client) = clients.get(&key) {
+            return Ok(client.clone());
+        }
+        let mut options = async_nats::ConnectOptions::new()
+            .name(&self.client_name)
+            .connection_timeout(NATS_CONNECT_TIMEOUT)
+            .retry_on_initial_connect();
+        if url.starts_with("tls://") {
+            options = options.require_tls(true);
+        }
+        options = match auth.await? {
+            NatsAuth::None => options,
+            NatsAuth::Token(token) => options.token(token),
+            NatsAuth::UserPassword(user, password) => options.user_and_password(user, password),
+        };
+        let client = options
+            .connect(url)
+            .await
+            .map_err(|e| format!("NATS {url}: {e}"))?;
+        clients.insert(key, client.clone());
+        Ok(client)
+    }
+}

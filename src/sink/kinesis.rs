@@ -1,0 +1,194 @@
+//! The Kinesis sink: PutRecords, one record per message, partition key = the
+//! stream's `namespace/name` so a stream's records stay in order on one shard.
+//!
+//! Kinesis accepts or refuses each record of a call on its own. Refused
+//! records (throttling, internal errors) come back as a
+//! [`SinkError::Partial`] naming exactly those, and the delivery loop retries
+//! only them, in their order, after advancing the checkpoint over the
+//! accepted prefix. A whole-call failure refuses every record.
+
+use super::clients::SinkClients;
+use super::{Batch, SinkError, record_json};
+use crate::crd::KinesisSinkSpec;
+use aws_sdk_kinesis::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest PutRecords request Kinesis takes (data and partition keys).
+const MAX_REQUEST_BYTES: usize = 5 * 1024 * 1024;
+/// Largest record Kinesis takes (data and partition key).
+const MAX_RECORD_BYTES: usize = 1024 * 1024;
+/// Error codes that mean "slow down", for metrics and status.
+const THROTTLING: &[&str] = &[
+    "ProvisionedThroughputExceededException",
+    "KMSThrottlingException",
+    "LimitExceededException",
+    "ThrottlingException",
+];
+
+pub struct KinesisSink {
+    clients: Arc<SinkClients>,
+    stream_name: String,
+    region: Option<String>,
+    max_batch: usize,
+    linger: Duration,
+    timeout: Duration,
+}
+
+impl KinesisSink {
+    pub fn new(clients: Arc<SinkClients>, spec: &KinesisSinkSpec) -> Self {
+        Self {
+            clients,
+            stream_name: spec.stream_name.clone(),
+            region: spec.region.clone(),
+            max_batch: spec.max_batch_records.clamp(1, 500) as usize,
+            linger: Duration::from_millis(spec.linger_ms.into()),
+            timeout: Duration::from_secs(spec.timeout_seconds.max(1).into()),
+        }
+    }
+
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    pub fn linger(&self) -> Duration {
+        self.linger
+    }
+
+    pub async fn deliver(&self, batch: &Batch<'_>) -> Result<(), SinkError> {
+        let client = self.clients.kinesis(self.region.as_deref()).await;
+        let mut records = Vec::with_capacity(batch.messages.len());
+        for m in batch.messages {
+            let data = record_json(batch, m).to_string().into_bytes();
+            if data.len() + batch.connection.len() > MAX_RECORD_BYTES {
+                // Never dropped: the stream stops here, its status says why.
+                return Err(SinkError::Refused(format!(
+                    "message {} is {} bytes as a record, over Kinesis's 1 MiB; lower spec.limits.maxMessageBytes",
+                    m.seq,
+                    data.len()
+                )));
+            }
+            records.push(data);
+        }
+        let mut failed = Vec::new();
+        let mut detail = String::new();
+        let mut start = 0;
+        for end in request_ends(&records, batch.connection.len()) {
+            if !failed.is_empty() {
+                // Order: nothing after a refused record is sent before it.
+                failed.extend(start..end);
+                start = end;
+                continue;
+            }
+            let entries = records[start..end]
+                .iter()
+                .map(|data| {
+                    PutRecordsRequestEntry::builder()
+                        .data(Blob::new(data.clone()))
+                        .partition_key(batch.connection)
+                        .build()
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| SinkError::Refused(e.to_string()))?;
+            let call = client
+                .put_records()
+                .stream_name(&self.stream_name)
+                .set_records(Some(entries))
+                .send();
+            let output = match tokio::time::timeout(self.timeout, call).await {
+                Err(_) => Err(SinkError::Transport(format!(
+                    "Kinesis PutRecords gave no answer within {:?}",
+                    self.timeout
+                ))),
+                Ok(Err(e)) => Err(call_error(&e)),
+                Ok(Ok(output)) => Ok(output),
+            };
+            match output {
+                Err(e) if start == 0 => return Err(e),
+                Err(e) => {
+                    detail = e.to_string();
+                    failed.extend(start..end);
+                }
+                Ok(output) => {
+                    for (i, entry) in output.records().iter().enumerate() {
+                        if let Some(code) = entry.error_code() {
+                            if detail.is_empty() {
+                                detail = format!(
+                                    "{code}: {}",
+                                    entry.error_message().unwrap_or_default()
+                                );
+                            }
+                            failed.push(start + i);
+                        }
+                    }
+                }
+            }
+            start = end;
+        }
+        if failed.is_empty() {
+            return Ok(());
+        }
+        let throttled = THROTTLING.iter().any(|code| detail.starts_with(code));
+        if failed.len() == records.len() {
+            return Err(if throttled {
+                SinkError::Throttled(detail)
+            } else {
+                SinkError::Refused(detail)
+            });
+        }
+        Err(SinkError::Partial {
+            failed,
+            total: records.len(),
+            detail,
+        })
+    }
+}
+
+/// Splits records into PutRecords requests within Kinesis's request size.
+fn request_ends(records: &[Vec<u8>], key_len: usize) -> Vec<usize> {
+    let mut ends = Vec::new();
+    let mut bytes = 0;
+    for (i, data) in records.iter().enumerate() {
+        let size = data.len() + key_len;
+        if bytes + size > MAX_REQUEST_BYTES && bytes > 0 {
+            ends.push(i);
+            bytes = 0;
+        }
+        bytes += size;
+    }
+    ends.push(records.len());
+    ends
+}
+
+fn call_error<E, R>(e: &SdkError<E, R>) -> SinkError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    match e {
+        SdkError::ServiceError(service) => {
+            let code = service.err().code().unwrap_or("unknown");
+            let message = format!("{code}: {}", service.err().message().unwrap_or_default());
+            if THROTTLING.contains(&code) {
+                SinkError::Throttled(message)
+            } else {
+                SinkError::Refused(message)
+            }
+        }
+        other => SinkError::Transport(format!("Kinesis: {}", DisplayErrorContext(other))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_stay_within_five_mebibytes_and_keep_every_record() {
+        let records = vec![vec![0u8; 2 * 1024 * 1024]; 5];
+        assert_eq!(request_ends(&records, 10), [2, 4, 5]);
+        assert_eq!(request_ends(&vec![vec![1u8; 10]; 3], 10), [3]);
+    }
+}

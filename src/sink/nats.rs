@@ -1,0 +1,143 @@
+//! The NATS JetStream sink: every message of a batch is published (pipelined),
+//! then every acknowledgement awaited in order. `Nats-Msg-Id` is
+//! `namespace/name:seq`, so a message published again after a failover or a
+//! retry falls inside JetStream's duplicate window and is stored once.
+//!
+//! A message without an acknowledgement and everything after it are refused
+//! ([`SinkError::Partial`]); the delivery loop advances the checkpoint over
+//! the acknowledged prefix and publishes the rest again, in order.
+
+use super::clients::{NatsAuth, SinkClients};
+use super::{Batch, SinkError};
+use crate::crd::{HeaderValueSource, NatsSinkSpec};
+use async_nats::HeaderMap;
+use async_nats::jetstream;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Headers each message carries besides `Nats-Msg-Id`.
+pub const CONNECTION_HEADER: &str = "Tether-Connection";
+pub const WORKER_HEADER: &str = "Tether-Worker";
+pub const TOKEN_HEADER: &str = "Tether-Token";
+pub const SEQ_HEADER: &str = "Tether-Seq";
+
+pub struct NatsSink {
+    clients: Arc<SinkClients>,
+    namespace: String,
+    spec: NatsSinkSpec,
+    max_batch: usize,
+    linger: Duration,
+    timeout: Duration,
+}
+
+impl NatsSink {
+    pub fn new(clients: Arc<SinkClients>, namespace: &str, spec: &NatsSinkSpec) -> Self {
+        Self {
+            clients,
+            namespace: namespace.to_string(),
+            spec: spec.clone(),
+            max_batch: spec.max_batch_messages.max(1) as usize,
+            linger: Duration::from_millis(spec.linger_ms.into()),
+            timeout: Duration::from_secs(spec.timeout_seconds.max(1).into()),
+        }
+    }
+
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    pub fn linger(&self) -> Duration {
+        self.linger
+    }
+
+    async fn client(&self) -> Result<async_nats::Client, SinkError> {
+        let refs = serde_json::to_string(&self.spec.credentials).unwrap_or_default();
+        let auth = async {
+            let Some(c) = &self.spec.credentials else {
+                return Ok(NatsAuth::None);
+            };
+            let resolve = |source: &Option<HeaderValueSource>, field: &str| {
+                let source = source.clone();
+                let field = field.to_string();
+                async move {
+                    match source {
+                        Some(s) => self
+                            .clients
+                            .secrets
+                            .resolve(&self.namespace, &s)
+                            .await
+                            .map_err(|e| format!("sink.nats.credentials.{field}: {e}")),
+                        None => Err(format!("sink.nats.credentials.{field} is not set")),
+                    }
+                }
+            };
+            if c.token.is_some() {
+                Ok(NatsAuth::Token(resolve(&c.token, "token").await?))
+            } else {
+                Ok(NatsAuth::UserPassword(
+                    resolve(&c.user, "user").await?,
+                    resolve(&c.password, "password").await?,
+                ))
+            }
+        };
+        self.clients
+            .nats(&self.spec.url, &self.namespace, &refs, auth)
+            .await
+            .map_err(SinkError::Refused)
+    }
+
+    pub async fn deliver(&self, batch: &Batch<'_>) -> Result<(), SinkError> {
+        let mut js = jetstream::new(self.client().await?);
+        js.set_timeout(self.timeout);
+        let total = batch.messages.len();
+        let mut pending = Vec::with_capacity(total);
+        let mut refused = None;
+        for m in batch.messages {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                format!("{}:{}", batch.connection, m.seq).as_str(),
+            );
+            if let Some(stream) = &self.spec.stream {
+                headers.insert(async_nats::header::NATS_EXPECTED_STREAM, stream.as_str());
+            }
+            headers.insert(CONNECTION_HEADER, batch.connection);
+            headers.insert(WORKER_HEADER, batch.worker);
+            headers.insert(TOKEN_HEADER, batch.token.to_string().as_str());
+            headers.insert(SEQ_HEADER, m.seq.to_string().as_str());
+            crate::telemetry::inject_nats(&mut headers);
+            match js
+                .publish_with_headers(self.spec.subject.clone(), headers, m.data.clone().into())
+                .await
+            {
+                Ok(ack) => pending.push(ack),
+                Err(e) => {
+                    refused = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        let mut acked = 0;
+        for ack in pending {
+            match ack.await {
+                Ok(_) if refused.is_none() => acked += 1,
+                Ok(_) => {}
+                Err(e) => {
+                    refused.get_or_insert_with(|| e.to_string());
+                }
+            }
+        }
+        let Some(detail) = refused else {
+            return Ok(());
+        };
+        let detail = format!("NATS {}: {detail}", self.spec.subject);
+        if acked == 0 {
+            return Err(SinkError::Transport(detail));
+        }
+        Err(SinkError::Partial {
+            failed: (acked..total).collect(),
+            total,
+            detail,
+        })
+    }
+}
