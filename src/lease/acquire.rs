@@ -26,6 +26,7 @@ const MAX_ACQUIRE_ATTEMPTS: usize = 2;
 impl LeaseStore {
     /// Takes `observed` (as read from the index) for `me`, from the state
     /// `from` describes.
+    #[tracing::instrument(name = "lease.acquire", skip_all, fields(stream = %observed.key, token = observed.lease_counter + 1, worker = %me))]
     pub async fn acquire(
         &self,
         observed: &StreamRecord,

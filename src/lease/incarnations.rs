@@ -129,6 +129,7 @@ impl LeaseStore {
 
     /// Renews this incarnation: bumps the version, writes load and checkpoint
     /// shard 0, and returns the inbox. Fails only if it is no longer LIVE.
+    #[tracing::instrument(name = "lease.renew", skip_all, fields(worker = %me))]
     pub async fn renew(
         &self,
         me: &Incarnation,
@@ -338,6 +339,7 @@ impl LeaseStore {
 
     /// Marks `who` DEAD if its version is still `observed_version` and it is
     /// LIVE. Returns its state afterwards (DEAD whoever marked it).
+    #[tracing::instrument(name = "lease.declare_dead", skip_all, fields(worker = %who, observed_version = observed_version))]
     pub async fn declare_dead(
         &self,
         who: &Incarnation,

@@ -156,6 +156,7 @@ impl LeaseStore {
 
     /// Persists `seq` as the stream's `last_seq` (never backwards): how an
     /// idle stream's checkpoint leaves its owner's packed checkpoints.
+    #[tracing::instrument(name = "lease.checkpoint", skip_all, fields(stream = %lease.key, token = lease.counter, worker = %lease.owner, seq = seq))]
     pub async fn fold_checkpoint(
         &self,
         lease: &Lease,
@@ -178,6 +179,7 @@ impl LeaseStore {
     /// Gives the stream up at once: `lease_expires_at_ms = 0`, `last_seq`
     /// advanced to `checkpoint`, and back into an unowned partition if it is
     /// still STARTED, so a peer takes it within one orphan scan.
+    #[tracing::instrument(name = "lease.release", skip_all, fields(stream = %lease.key, token = lease.counter, worker = %lease.owner, reason = reason.as_str()))]
     pub async fn release(
         &self,
         lease: &Lease,

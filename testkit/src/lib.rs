@@ -9,6 +9,7 @@
 //! - `proxy`, `dynamo_proxy`: TCP and DynamoDB fault proxies;
 //! - `fleet`: `tether worker` processes;
 //! - `bed`: the one test bed; `fixtures`: specs written once;
+//! - `otlp`: an OTLP/HTTP (JSON) trace receiver;
 //! - `k8s`: the Kubernetes API emulator and `tether operator` against it;
 //! - `chaos`: the seeded chaos runner;
 //! - `capacity`: a capacity model of DynamoDB partitions (a metering proxy).
@@ -20,6 +21,7 @@ pub mod dynamo_proxy;
 pub mod fixtures;
 pub mod fleet;
 pub mod k8s;
+pub mod otlp;
 pub mod proxy;
 pub mod sink;
 pub mod sink_servers;

@@ -33,6 +33,8 @@ struct ProxyState {
     client: reqwest::Client,
     fault: watch::Receiver<SinkFault>,
     refused: AtomicU64,
+    /// The `traceparent` header of every request, in arrival order.
+    traceparents: std::sync::Mutex<Vec<String>>,
 }
 
 /// An HTTP proxy in front of a sink that injects faults.
@@ -59,6 +61,7 @@ impl SinkProxy {
             client: reqwest::Client::new(),
             fault: rx,
             refused: AtomicU64::new(0),
+            traceparents: std::sync::Mutex::default(),
         });
         let app = Router::new().fallback(forward).with_state(state.clone());
         let task = tokio::spawn(async move {
@@ -80,6 +83,15 @@ impl SinkProxy {
         self.fault.send_replace(fault);
     }
 
+    /// The `traceparent` header of every request that carried one.
+    pub fn traceparents(&self) -> Vec<String> {
+        self.state
+            .traceparents
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default()
+    }
+
     /// Requests answered with an injected failure so far.
     pub fn refused(&self) -> u64 {
         self.state.refused.load(Ordering::SeqCst)
@@ -91,6 +103,11 @@ async fn forward(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if let Some(tp) = headers.get("traceparent").and_then(|v| v.to_str().ok())
+        && let Ok(mut seen) = state.traceparents.lock()
+    {
+        seen.push(tp.to_string());
+    }
     let fault = *state.fault.borrow();
     match fault {
         SinkFault::Unavailable => {
