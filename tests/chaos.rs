@@ -1,4 +1,5 @@
-//! A short, seeded chaos soak as part of the suite. It asserts only the safety
+//! A short, seeded chaos soak as part of the suite, with streams on the HTTP,
+//! Kinesis and NATS sinks. It asserts only the safety
 //! properties (no overlapping sessions, no sequence gaps, no stale
 //! deliveries) and that the fleet settles; timings belong to the benchmark
 //! (`scripts/bench chaos`).
@@ -34,6 +35,7 @@ async fn seeded_chaos_keeps_every_safety_property() {
         lease: Duration::from_secs(6),
         heartbeat: Duration::from_millis(1500),
         reconcile: Duration::from_millis(300),
+        real_sinks: true,
     };
     let report = run(&bed, &cfg).await.unwrap();
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
@@ -45,4 +47,9 @@ async fn seeded_chaos_keeps_every_safety_property() {
     assert_eq!(report.sequence_gaps, 0, "{report:?}");
     assert_eq!(report.stale_deliveries, 0, "{report:?}");
     assert!(report.delivered > 1000, "{report:?}");
+    assert!(report.real_sink_problems.is_empty(), "{report:#?}");
+    assert!(
+        report.kinesis_delivered > 100 && report.nats_delivered > 100,
+        "{report:?}"
+    );
 }

@@ -5,7 +5,10 @@
 //! sink outages, a slow sink, SIGTERM during a brownout with a slow sink,
 //! handoffs during a brownout (a worker joins while another is browned out),
 //! delete/re-create of a stream, and a worker whose clock is skewed beyond the
-//! budget. The report counts what must stay zero (overlapping sessions,
+//! budget. With `real_sinks`, some streams deliver to Kinesis (kinesalite)
+//! and NATS JetStream (nats-server) instead, each behind a TCP fault proxy
+//! that the sink outages cut too, and are read back from those servers.
+//! The report counts what must stay zero (overlapping sessions,
 //! sequence gaps, stale deliveries) and what is measured (duplicates,
 //! ownerless time).
 
@@ -39,6 +42,8 @@ pub struct ChaosConfig {
     pub lease: Duration,
     pub heartbeat: Duration,
     pub reconcile: Duration,
+    /// Also run streams on the Kinesis and NATS sinks.
+    pub real_sinks: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -59,6 +64,127 @@ pub struct ChaosReport {
     /// The longest a stream went without a session when no fault was holding
     /// it back: after the fleet settled.
     pub settle_s: f64,
+    /// Records read back from Kinesis and NATS (with `real_sinks`).
+    pub kinesis_delivered: usize,
+    pub nats_delivered: usize,
+    /// Gaps, disorder or stale records found in them: must stay empty.
+    pub real_sink_problems: Vec<String>,
+}
+
+/// The Kinesis and NATS servers of a run, behind fault proxies.
+struct RealSinks {
+    kinesis: crate::sink_servers::Kinesalite,
+    kinesis_proxy: crate::proxy::FaultProxy,
+    nats: crate::sink_servers::NatsServer,
+    nats_proxy: crate::proxy::FaultProxy,
+    kinesis_names: Vec<String>,
+    nats_names: Vec<String>,
+}
+
+impl RealSinks {
+    /// Starts both servers and applies `per_sink` streams on each.
+    async fn start(bed: &Bed, per_sink: usize) -> anyhow::Result<Self> {
+        use crate::fixtures::{kinesis_spec, nats_spec};
+        let kinesis = crate::sink_servers::Kinesalite::start("chaos", 2).await?;
+        let kinesis_proxy = crate::proxy::FaultProxy::start(loopback(), kinesis.addr).await?;
+        let nats = crate::sink_servers::NatsServer::start("CHAOS", &["chaos.>"]).await?;
+        let nats_proxy = crate::proxy::FaultProxy::start(loopback(), nats.addr).await?;
+        let kinesis_names = crate::bed::names("kin", per_sink);
+        let nats_names = crate::bed::names("nats", per_sink);
+        for name in &kinesis_names {
+            bed.apply_spec(name, &kinesis_spec(&bed.upstream.url(name), "chaos"), 1)
+                .await?;
+        }
+        let nats_url = format!("nats://{}", nats_proxy.addr);
+        for name in &nats_names {
+            let spec = nats_spec(
+                &bed.upstream.url(name),
+                &nats_url,
+                &format!("chaos.{name}"),
+                "CHAOS",
+            );
+            bed.apply_spec(name, &spec, 1).await?;
+        }
+        Ok(Self {
+            kinesis,
+            kinesis_proxy,
+            nats,
+            nats_proxy,
+            kinesis_names,
+            nats_names,
+        })
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            (
+                "AWS_ENDPOINT_URL_KINESIS".into(),
+                self.kinesis_proxy.endpoint(),
+            ),
+            ("NATS_USER".into(), self.nats.user.clone()),
+            ("NATS_PASSWORD".into(), self.nats.password.clone()),
+        ]
+    }
+
+    fn cut(&self, cut: bool) {
+        let mode = if cut {
+            crate::proxy::ProxyMode::Blackhole
+        } else {
+            crate::proxy::ProxyMode::Pass
+        };
+        self.kinesis_proxy.set_mode(mode);
+        self.nats_proxy.set_mode(mode);
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.kinesis_names
+            .iter()
+            .chain(&self.nats_names)
+            .cloned()
+            .collect()
+    }
+
+    /// Reads both servers back and checks each stream from its first
+    /// sequence number to the highest that arrived.
+    async fn check(&self, bed: &Bed, report: &mut ChaosReport) -> anyhow::Result<()> {
+        for (records, names, delivered) in [
+            (
+                self.kinesis.records().await?,
+                &self.kinesis_names,
+                &mut report.kinesis_delivered,
+            ),
+            (
+                self.nats.records().await?,
+                &self.nats_names,
+                &mut report.nats_delivered,
+            ),
+        ] {
+            *delivered = records.len();
+            for name in names {
+                let connection = format!("{}/{name}", bed.namespace);
+                let Some(top) = records
+                    .iter()
+                    .filter(|r| r.connection == connection)
+                    .map(|r| r.seq)
+                    .max()
+                else {
+                    report
+                        .real_sink_problems
+                        .push(format!("{connection}: nothing arrived"));
+                    continue;
+                };
+                report
+                    .real_sink_problems
+                    .extend(crate::sink_servers::check_stream(
+                        &records,
+                        &connection,
+                        bed.first_seq,
+                        top,
+                    ));
+            }
+        }
+        Ok(())
+    }
 }
 
 enum Restore {
@@ -78,7 +204,17 @@ struct Slot {
 
 pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
     let names = bed.apply("chaos", cfg.streams).await?;
+    let real_sinks = match cfg.real_sinks {
+        true => Some(RealSinks::start(bed, (cfg.streams / 4).max(1)).await?),
+        false => None,
+    };
     let mut fleet = bed.fleet.clone();
+    fleet.env.extend(real_sinks.iter().flat_map(RealSinks::env));
+    let watched: Vec<String> = names
+        .iter()
+        .cloned()
+        .chain(real_sinks.iter().flat_map(RealSinks::names))
+        .collect();
     fleet.workers.lease_duration = cfg.lease;
     fleet.workers.heartbeat_interval = cfg.heartbeat;
     fleet.workers.reconcile_interval = cfg.reconcile;
@@ -102,7 +238,7 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
     Bed::wait(
         Duration::from_secs(60),
         "every chaos stream is connected",
-        || async { bed.connected_once(&names) },
+        || async { bed.connected_once(&watched) },
     )
     .await?;
 
@@ -141,7 +277,12 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
                     }
                 }
                 Restore::StorePass(i) => slots[i].proxy.set(DynamoFault::Pass),
-                Restore::SinkPass => bed.sink_proxy.set(SinkFault::Pass),
+                Restore::SinkPass => {
+                    bed.sink_proxy.set(SinkFault::Pass);
+                    if let Some(r) = &real_sinks {
+                        r.cut(false);
+                    }
+                }
                 Restore::Unskew(i) => slots[i].proxy.shift_date(0),
             }
         }
@@ -164,6 +305,10 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
         if roll < 12 || healthy.len() < 2 {
             if sink_busy_until <= now {
                 let (fault, name) = if rng.random_bool(0.5) {
+                    // An outage of every sink at once.
+                    if let Some(r) = &real_sinks {
+                        r.cut(true);
+                    }
                     (SinkFault::Unavailable, "sink_outage")
                 } else {
                     (SinkFault::Slow(Duration::from_millis(1500)), "slow_sink")
@@ -315,7 +460,10 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
             let _ = p.wait(Duration::from_secs(15)).await;
         }
     }
-    report.overlapping_sessions = bed.overlaps(&names);
+    report.overlapping_sessions = bed.overlaps(&watched);
+    if let Some(r) = &real_sinks {
+        r.check(bed, &mut report).await?;
+    }
     report.sequence_gaps = bed.gaps(&names);
     report.duplicates = bed.duplicates(&names);
     report.stale_deliveries = bed.stale(&names);

@@ -130,6 +130,7 @@ pub async fn chaos(ctx: &Ctx) -> anyhow::Result<Value> {
         lease,
         heartbeat: ctx.profile.heartbeat.min(lease / 3),
         reconcile: ctx.profile.reconcile,
+        real_sinks: true,
     };
     let report = chaos::run(&bed, &cfg).await?;
     println!(
