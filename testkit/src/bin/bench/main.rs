@@ -4,7 +4,7 @@
 //! loopback (the 100,000-stream run is a lease-only simulation in one process,
 //! through a capacity model of DynamoDB partitions).
 //!
-//!   scripts/bench [all|failover|rolling|chaos|cost|scale|restart|controller|sessions|storm|throughput] [--quick] [--seed N]
+//!   scripts/bench [all|failover|rolling|chaos|cost|scale|restart|controller|sessions|storm|throughput|sinks] [--quick] [--seed N]
 //!
 //! Prints a table and writes JSON + Markdown under bench/results/.
 
@@ -17,6 +17,7 @@ mod restart;
 mod rolling;
 mod scale;
 mod sessions;
+mod sinks;
 mod storm;
 mod throughput;
 
@@ -209,6 +210,10 @@ async fn main() -> anyhow::Result<()> {
     }
     if all || which == "throughput" {
         results.insert("throughput".into(), throughput::run(&ctx).await?);
+        save(&ctx, &results, started, &which)?;
+    }
+    if all || which == "sinks" {
+        results.insert("sink_throughput".into(), sinks::run(&ctx).await?);
         save(&ctx, &results, started, &which)?;
     }
     Ok(())
