@@ -397,6 +397,6 @@ mod examples {
             .map(ToString::to_string)
             .collect();
         assert!(errors.is_empty(), "{errors:#?}");
-        assert_eq!(manifests.len(), 3);
+        assert_eq!(manifests.len(), 5);
     }
 }
