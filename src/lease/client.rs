@@ -94,6 +94,17 @@ enum Class {
     Fatal(StoreError),
 }
 
+/// The HTTP client every AWS SDK client of tether uses: rustls with ring (no
+/// aws-lc, no OpenSSL), with the ring provider installed process-wide.
+pub fn aws_http_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient {
+    crate::install_crypto_provider();
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https()
+}
+
 /// DynamoDB's own table-name rule, checked before any request is sent.
 pub fn validate_table_name(name: &str) -> Result<(), StoreError> {
     let ok = (3..=255).contains(&name.len())
@@ -111,12 +122,7 @@ impl LeaseStore {
     /// Builds the client. No request is sent; `check_table` verifies reachability.
     pub async fn connect(cfg: StoreConfig, metrics: Arc<StoreMetrics>) -> Result<Self, StoreError> {
         validate_table_name(&cfg.table)?;
-        crate::install_crypto_provider();
-        let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-            ))
-            .build_https();
+        let http = aws_http_client();
         let env_endpoint = std::env::var("AWS_ENDPOINT_URL_DYNAMODB")
             .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
             .ok()

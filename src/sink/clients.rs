@@ -53,12 +53,7 @@ impl SinkClients {
         if let Some(client) = clients.get(&key) {
             return client.clone();
         }
-        crate::install_crypto_provider();
-        let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-            ))
-            .build_https();
+        let http = crate::lease::aws_http_client();
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
             .http_client(http)
             // The delivery loop retries with its own backoff, pausing reads.

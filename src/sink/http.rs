@@ -5,9 +5,8 @@
 //! for this stream". A plain 409 (many sinks answer it for a duplicate, normal
 //! after a replay) is an ordinary delivery error and is retried.
 
-use super::{Batch, SinkError};
+use super::{Batch, Batching, SinkError};
 use crate::crd::HttpSinkSpec;
-use std::time::Duration;
 
 /// Response header that, with HTTP 409, means "a newer owner exists".
 pub const FENCED_HEADER: &str = "tether-fenced";
@@ -15,9 +14,7 @@ pub const FENCED_HEADER: &str = "tether-fenced";
 pub struct HttpSink {
     client: reqwest::Client,
     url: String,
-    max_batch: usize,
-    linger: Duration,
-    timeout: Duration,
+    pub batching: Batching,
 }
 
 impl HttpSink {
@@ -25,18 +22,12 @@ impl HttpSink {
         Self {
             client,
             url: spec.url.clone(),
-            max_batch: spec.max_batch_messages.max(1) as usize,
-            linger: Duration::from_millis(spec.linger_ms.into()),
-            timeout: Duration::from_secs(spec.timeout_seconds.max(1).into()),
+            batching: Batching::new(
+                spec.max_batch_messages,
+                spec.linger_ms,
+                spec.timeout_seconds,
+            ),
         }
-    }
-
-    pub fn max_batch(&self) -> usize {
-        self.max_batch
-    }
-
-    pub fn linger(&self) -> Duration {
-        self.linger
     }
 
     pub async fn deliver(&self, batch: &Batch<'_>) -> Result<(), SinkError> {
@@ -45,7 +36,7 @@ impl HttpSink {
         let response = self
             .client
             .post(&self.url)
-            .timeout(self.timeout)
+            .timeout(self.batching.timeout)
             .headers(headers)
             .json(batch)
             .send()

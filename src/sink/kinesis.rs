@@ -8,13 +8,12 @@
 //! accepted prefix. A whole-call failure refuses every record.
 
 use super::clients::SinkClients;
-use super::{Batch, SinkError, record_json};
+use super::{Batch, Batching, SinkError, record_json};
 use crate::crd::KinesisSinkSpec;
 use aws_sdk_kinesis::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Largest PutRecords request Kinesis takes (data and partition keys).
 const MAX_REQUEST_BYTES: usize = 5 * 1024 * 1024;
@@ -32,9 +31,7 @@ pub struct KinesisSink {
     clients: Arc<SinkClients>,
     stream_name: String,
     region: Option<String>,
-    max_batch: usize,
-    linger: Duration,
-    timeout: Duration,
+    pub batching: Batching,
 }
 
 impl KinesisSink {
@@ -43,18 +40,12 @@ impl KinesisSink {
             clients,
             stream_name: spec.stream_name.clone(),
             region: spec.region.clone(),
-            max_batch: spec.max_batch_records.clamp(1, 500) as usize,
-            linger: Duration::from_millis(spec.linger_ms.into()),
-            timeout: Duration::from_secs(spec.timeout_seconds.max(1).into()),
+            batching: Batching::new(
+                spec.max_batch_records.min(crate::crd::KINESIS_MAX_RECORDS),
+                spec.linger_ms,
+                spec.timeout_seconds,
+            ),
         }
-    }
-
-    pub fn max_batch(&self) -> usize {
-        self.max_batch
-    }
-
-    pub fn linger(&self) -> Duration {
-        self.linger
     }
 
     pub async fn deliver(&self, batch: &Batch<'_>) -> Result<(), SinkError> {
@@ -97,10 +88,10 @@ impl KinesisSink {
                 .stream_name(&self.stream_name)
                 .set_records(Some(entries))
                 .send();
-            let output = match tokio::time::timeout(self.timeout, call).await {
+            let output = match tokio::time::timeout(self.batching.timeout, call).await {
                 Err(_) => Err(SinkError::Transport(format!(
                     "Kinesis PutRecords gave no answer within {:?}",
-                    self.timeout
+                    self.batching.timeout
                 ))),
                 Ok(Err(e)) => Err(call_error(&e)),
                 Ok(Ok(output)) => Ok(output),

@@ -88,6 +88,32 @@ impl SinkError {
     }
 }
 
+/// The log sink writes what it has at once, up to 64 lines.
+const LOG_BATCHING: Batching = Batching {
+    max_batch: 64,
+    linger: Duration::ZERO,
+    timeout: Duration::MAX,
+};
+
+/// How a batching sink groups messages: most per batch, how long a partial
+/// batch waits for more, and the bound on one request.
+#[derive(Clone, Copy, Debug)]
+pub struct Batching {
+    pub max_batch: usize,
+    pub linger: Duration,
+    pub timeout: Duration,
+}
+
+impl Batching {
+    pub fn new(max_batch: u32, linger_ms: u32, timeout_seconds: u32) -> Self {
+        Self {
+            max_batch: max_batch.max(1) as usize,
+            linger: Duration::from_millis(linger_ms.into()),
+            timeout: Duration::from_secs(timeout_seconds.max(1).into()),
+        }
+    }
+}
+
 /// A configured sink.
 pub enum Sink {
     Http(HttpSink),
@@ -123,24 +149,24 @@ impl Sink {
         }
     }
 
+    /// How this sink batches (the log sink: up to 64 lines at once, no wait).
+    pub fn batching(&self) -> Batching {
+        match self {
+            Self::Http(s) => s.batching,
+            Self::Log(_) => LOG_BATCHING,
+            Self::Kinesis(s) => s.batching,
+            Self::Nats(s) => s.batching,
+        }
+    }
+
     /// Most messages per batch.
     pub fn max_batch(&self) -> usize {
-        match self {
-            Self::Http(s) => s.max_batch(),
-            Self::Log(_) => 64,
-            Self::Kinesis(s) => s.max_batch(),
-            Self::Nats(s) => s.max_batch(),
-        }
+        self.batching().max_batch
     }
 
     /// How long a partial batch waits for more messages.
     pub fn linger(&self) -> Duration {
-        match self {
-            Self::Http(s) => s.linger(),
-            Self::Log(_) => Duration::ZERO,
-            Self::Kinesis(s) => s.linger(),
-            Self::Nats(s) => s.linger(),
-        }
+        self.batching().linger
     }
 
     /// Delivers one batch; `Ok` means the sink acknowledged all of it.

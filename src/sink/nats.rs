@@ -8,12 +8,11 @@
 //! the acknowledged prefix and publishes the rest again, in order.
 
 use super::clients::{NatsAuth, SinkClients};
-use super::{Batch, SinkError};
+use super::{Batch, Batching, SinkError};
 use crate::crd::{HeaderValueSource, NatsSinkSpec};
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Headers each message carries besides `Nats-Msg-Id`.
 pub const CONNECTION_HEADER: &str = "Tether-Connection";
@@ -25,9 +24,7 @@ pub struct NatsSink {
     clients: Arc<SinkClients>,
     namespace: String,
     spec: NatsSinkSpec,
-    max_batch: usize,
-    linger: Duration,
-    timeout: Duration,
+    pub batching: Batching,
 }
 
 impl NatsSink {
@@ -36,18 +33,12 @@ impl NatsSink {
             clients,
             namespace: namespace.to_string(),
             spec: spec.clone(),
-            max_batch: spec.max_batch_messages.max(1) as usize,
-            linger: Duration::from_millis(spec.linger_ms.into()),
-            timeout: Duration::from_secs(spec.timeout_seconds.max(1).into()),
+            batching: Batching::new(
+                spec.max_batch_messages,
+                spec.linger_ms,
+                spec.timeout_seconds,
+            ),
         }
-    }
-
-    pub fn max_batch(&self) -> usize {
-        self.max_batch
-    }
-
-    pub fn linger(&self) -> Duration {
-        self.linger
     }
 
     async fn client(&self) -> Result<async_nats::Client, SinkError> {
@@ -88,7 +79,7 @@ impl NatsSink {
 
     pub async fn deliver(&self, batch: &Batch<'_>) -> Result<(), SinkError> {
         let mut js = jetstream::new(self.client().await?);
-        js.set_timeout(self.timeout);
+        js.set_timeout(self.batching.timeout);
         let total = batch.messages.len();
         let mut pending = Vec::with_capacity(total);
         let mut refused = None;

@@ -96,13 +96,7 @@ impl Kinesalite {
                 None,
                 "test",
             ))
-            .http_client(
-                aws_smithy_http_client::Builder::new()
-                    .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-                        aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-                    ))
-                    .build_https(),
-            )
+            .http_client(tether::lease::aws_http_client())
             .build();
         let client = aws_sdk_kinesis::Client::from_conf(config);
         client

@@ -85,13 +85,7 @@ pub async fn raw_client() -> aws_sdk_dynamodb::Client {
         .credentials_provider(aws_credential_types::Credentials::new(
             id, secret, None, None, "test",
         ))
-        .http_client(
-            aws_smithy_http_client::Builder::new()
-                .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-                    aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-                ))
-                .build_https(),
-        )
+        .http_client(tether::lease::aws_http_client())
         .build();
     aws_sdk_dynamodb::Client::from_conf(conf)
 }
