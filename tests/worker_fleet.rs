@@ -587,7 +587,7 @@ async fn tls_is_verified_by_default_and_a_private_ca_can_be_trusted() {
         loopback(),
         FeedOptions {
             rate: 20,
-            first_seq: 1,
+            ..FeedOptions::default()
         },
         vec![certified.cert.der().clone()],
         key,

@@ -35,6 +35,10 @@ pub struct FeedOptions {
     pub rate: u32,
     /// The first sequence number of every stream (0 for a zero-based feed).
     pub first_seq: u64,
+    /// Light traffic instead of `rate`: one message per session this often,
+    /// with the idle feed's keepalive (the memory benchmark's "a message every
+    /// few seconds").
+    pub message_every: Option<Duration>,
 }
 
 impl Default for FeedOptions {
@@ -42,6 +46,7 @@ impl Default for FeedOptions {
         Self {
             rate: 10,
             first_seq: 1,
+            message_every: None,
         }
     }
 }
@@ -256,16 +261,18 @@ impl FeedHandle {
             sessions.len() - 1
         };
         let mut next = after.map_or(self.options.first_seq, |a| a + 1);
-        let period = (self.options.rate > 0)
-            .then(|| Duration::from_secs_f64(1.0 / f64::from(self.options.rate)));
+        let period = self.options.message_every.or_else(|| {
+            (self.options.rate > 0)
+                .then(|| Duration::from_secs_f64(1.0 / f64::from(self.options.rate)))
+        });
         // Idle sessions tick once a day: effectively never.
         let mut tick = interval(period.unwrap_or(Duration::from_secs(86_400)));
         if period.is_none() {
             tick.tick().await;
         }
         let (ping_every, client_timeout) = match period {
-            Some(_) => (PING_INTERVAL, CLIENT_TIMEOUT),
-            None => (IDLE_PING_INTERVAL, IDLE_CLIENT_TIMEOUT),
+            Some(_) if self.options.message_every.is_none() => (PING_INTERVAL, CLIENT_TIMEOUT),
+            _ => (IDLE_PING_INTERVAL, IDLE_CLIENT_TIMEOUT),
         };
         let mut ping = interval(ping_every);
         let mut last_heard = Instant::now();

@@ -59,7 +59,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         loopback(),
         FeedOptions {
             rate: RATE,
-            first_seq: 1,
+            ..FeedOptions::default()
         },
     )
     .await?;

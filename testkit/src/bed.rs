@@ -35,6 +35,8 @@ pub struct BedOptions {
     pub rate: u32,
     /// The feed's first sequence number.
     pub first_seq: u64,
+    /// Light traffic: one message per session this often (overrides `rate`).
+    pub message_every: Option<Duration>,
     /// Namespace of the bed's streams.
     pub namespace: String,
     /// Make the table with this tether 0.1 binary (a version-1 table).
@@ -46,6 +48,7 @@ impl Default for BedOptions {
         Self {
             rate: 20,
             first_seq: 1,
+            message_every: None,
             namespace: "fleet".into(),
             legacy_table: None,
         }
@@ -85,6 +88,7 @@ impl Bed {
             FeedOptions {
                 rate: options.rate,
                 first_seq: options.first_seq,
+                message_every: options.message_every,
             },
         )
         .await?;

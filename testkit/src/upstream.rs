@@ -19,7 +19,14 @@ pub type TestUpstream = Feed;
 
 /// A feed at `rate` messages per second per session, first sequence number 1.
 pub async fn start(listen: SocketAddr, rate: u32) -> std::io::Result<Feed> {
-    Feed::start(listen, FeedOptions { rate, first_seq: 1 }).await
+    Feed::start(
+        listen,
+        FeedOptions {
+            rate,
+            ..FeedOptions::default()
+        },
+    )
+    .await
 }
 
 /// The same feed over TLS with this certificate chain and key (DER).

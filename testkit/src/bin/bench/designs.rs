@@ -51,6 +51,7 @@ impl Design {
             first_seq: 1,
             namespace: namespace.into(),
             legacy_table: (self != Design::Tether).then(|| ctx.legacy.clone()),
+            ..BedOptions::default()
         };
         Bed::start(self.exe(ctx), options).await
     }

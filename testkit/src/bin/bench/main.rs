@@ -8,6 +8,7 @@
 //!
 //! Prints a table and writes JSON + Markdown under bench/results/.
 
+mod bare;
 mod controller;
 mod cost;
 mod designs;
@@ -21,7 +22,7 @@ mod sinks;
 mod storm;
 mod throughput;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -132,6 +133,12 @@ async fn main() -> anyhow::Result<()> {
             .init();
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("bare-sessions") {
+        let template = args
+            .get(1)
+            .context("bare-sessions URL_TEMPLATE [CA_FILE]")?;
+        return bare::run(template, args.get(2).map(String::as_str)).await;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let seed = args
         .iter()

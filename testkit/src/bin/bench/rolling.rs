@@ -116,6 +116,7 @@ pub async fn chaos(ctx: &Ctx) -> anyhow::Result<Value> {
             first_seq: 0,
             namespace: "chaos".into(),
             legacy_table: None,
+            ..BedOptions::default()
         },
     )
     .await?;

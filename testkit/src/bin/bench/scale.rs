@@ -269,6 +269,7 @@ async fn legacy_ramp(ctx: &Ctx) -> anyhow::Result<Value> {
             first_seq: 1,
             namespace: "ramp".into(),
             legacy_table: Some(ctx.legacy.clone()),
+            ..BedOptions::default()
         },
     )
     .await?;

@@ -1,6 +1,9 @@
-//! Memory per idle session on one worker: `ws://` at several sizes and
-//! `wss://` (a TLS feed with a throwaway certificate the worker trusts through
-//! `--ca-file`), each measured as the worker's RSS growth over its baseline.
+//! Memory per session on one worker, `ws://` and `wss://` (a TLS feed with a
+//! throwaway certificate the worker trusts through `--ca-file`), at several
+//! sizes, with the sessions opened in one burst per step (as after a
+//! failover) and light traffic (a message every 5 s each): the worker's RSS
+//! growth over its baseline, three runs each, next to a bare tokio-tungstenite
+//! (+ tokio-rustls) client process with the same buffer settings (the floor).
 
 use crate::{Ctx, round2};
 use anyhow::Context;
@@ -11,53 +14,157 @@ use tether_testkit::bed::{Bed, BedOptions, loopback, rss_kib};
 use tether_testkit::fixtures::log_spec;
 use tether_testkit::fleet::{FleetConfig, metric_sum};
 use tether_testkit::upstream::{FeedOptions, TlsUpstream, self_signed};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 /// Upserts in flight while applying many streams.
 const APPLY_CONCURRENCY: usize = 32;
 
+/// Light traffic: one message per session this often.
+const LIGHT_TRAFFIC: Duration = Duration::from_secs(5);
+/// Runs of each configuration (min / median / max are reported).
+const RUNS: usize = 3;
+
+/// Who holds the sessions.
+#[derive(Clone, Copy, PartialEq)]
+enum Client {
+    Tether,
+    /// tokio-tungstenite (+ tokio-rustls) with tether's buffer settings: the floor.
+    Bare,
+}
+
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
-    let bed = idle_bed(ctx).await?;
-    let fleet = fleet(ctx, &bed);
-    // Opened in one burst, as after a failover: no connect pacing.
-    let worker = fleet.spawn_with(
-        "mem",
-        fleet.endpoint(),
-        &["--max-connections", "20000", "--connect-rate", "0"],
-    )?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let pid = worker.pid().context("worker pid")?;
-    let baseline = rss_kib(pid).context("reading VmRSS")?;
-    let mut steps = Vec::new();
-    let mut applied = 0;
-    for &target in &ctx.profile.session_steps {
-        let started = Instant::now();
-        apply_idle(
-            &bed.store,
-            &|n| bed.upstream.url(n),
-            "idle",
-            applied,
-            target,
-        )
-        .await?;
-        applied = target;
-        Bed::wait(
-            Duration::from_secs(300),
-            &format!("{target} idle sessions are open"),
-            || async { bed.upstream.open_sessions().len() >= target },
-        )
-        .await?;
-        let connect = started.elapsed();
-        tokio::time::sleep(ctx.profile.heartbeat * 3).await;
-        steps.push(measure("ws", target, pid, baseline, &worker, connect).await?);
+    let steps = &ctx.profile.session_steps;
+    let mut out = serde_json::Map::new();
+    for scheme in ["ws", "wss"] {
+        let mut per_client = serde_json::Map::new();
+        for (client, label) in [(Client::Tether, "tether"), (Client::Bare, "bare")] {
+            let mut runs: Vec<Vec<Value>> = Vec::new();
+            for _ in 0..RUNS {
+                runs.push(one_run(ctx, scheme, client).await?);
+            }
+            let mut summary = Vec::new();
+            for (i, &target) in steps.iter().enumerate() {
+                let mut kib: Vec<f64> = runs
+                    .iter()
+                    .map(|r| r[i]["kib_per_session"].as_f64().unwrap_or(f64::NAN))
+                    .collect();
+                kib.sort_by(f64::total_cmp);
+                let (min, median, max) = (kib[0], kib[kib.len() / 2], kib[kib.len() - 1]);
+                println!(
+                    "sessions {target:>6} {scheme:<3} {label:<6} KiB per session with light traffic, {RUNS} runs: min {min:>5.1} / median {median:>5.1} / max {max:>5.1}"
+                );
+                summary.push(json!({
+                    "sessions": target,
+                    "kib_per_session_min": round2(min),
+                    "kib_per_session_median": round2(median),
+                    "kib_per_session_max": round2(max),
+                    "runs": runs.iter().map(|r| r[i].clone()).collect::<Vec<_>>(),
+                }));
+            }
+            per_client.insert(label.into(), Value::Array(summary));
+        }
+        out.insert(scheme.into(), Value::Object(per_client));
     }
-    drop(worker);
-    drop(bed);
-    // A table of its own: on the ws table the new worker would also take
-    // over every ws stream the dropped one left behind.
-    let tls_bed = idle_bed(ctx).await?;
-    let wss = tls(ctx, &tls_bed, ctx.profile.session_steps[0]).await?;
-    Ok(json!({"ws": steps, "wss": wss}))
+    out.insert(
+        "light_traffic_message_every_s".into(),
+        json!(LIGHT_TRAFFIC.as_secs_f64()),
+    );
+    Ok(Value::Object(out))
+}
+
+/// One run: a fresh feed and a fresh client process, the sessions opened in
+/// one burst per step (as after a failover), RSS growth over the baseline.
+async fn one_run(ctx: &Ctx, scheme: &str, client: Client) -> anyhow::Result<Vec<Value>> {
+    let bed = Bed::start(
+        ctx.exe.clone(),
+        BedOptions {
+            rate: 0,
+            message_every: Some(LIGHT_TRAFFIC),
+            ..BedOptions::default()
+        },
+    )
+    .await?;
+    let tls = match scheme {
+        "wss" => Some(tls_upstream_with(&bed, Some(LIGHT_TRAFFIC)).await?),
+        _ => None,
+    };
+    let url = |n: &str| match &tls {
+        Some((upstream, _)) => upstream.url(n),
+        None => bed.upstream.url(n),
+    };
+    let open = || match &tls {
+        Some((upstream, _)) => upstream.feed.open_sessions().len(),
+        None => bed.upstream.open_sessions().len(),
+    };
+    let ca = tls.as_ref().map(|(_, ca)| ca.to_string_lossy().to_string());
+    let mut steps = Vec::new();
+    match client {
+        Client::Tether => {
+            let fleet = fleet(ctx, &bed);
+            let mut args = vec!["--max-connections", "20000", "--connect-rate", "0"];
+            if let Some(ca) = &ca {
+                args.extend(["--ca-file", ca.as_str()]);
+            }
+            let worker = fleet.spawn_with("mem", fleet.endpoint(), &args)?;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let pid = worker.pid().context("worker pid")?;
+            let baseline = rss_kib(pid).context("reading VmRSS")?;
+            let mut applied = 0;
+            for &target in &ctx.profile.session_steps {
+                let started = Instant::now();
+                apply_idle(&bed.store, &url, "mem", applied, target).await?;
+                applied = target;
+                Bed::wait(
+                    Duration::from_secs(300),
+                    &format!("{target} {scheme} sessions are open"),
+                    || async { open() >= target },
+                )
+                .await?;
+                let connect = started.elapsed();
+                tokio::time::sleep(settle(ctx)).await;
+                steps.push(measure(scheme, target, pid, baseline, Some(&worker), connect).await?);
+            }
+        }
+        Client::Bare => {
+            let template = url("{name}").replace("{last_seq}", "0");
+            let exe = std::env::current_exe()?;
+            let mut cmd = tokio::process::Command::new(exe);
+            cmd.arg("bare-sessions").arg(&template);
+            if let Some(ca) = &ca {
+                cmd.arg(ca);
+            }
+            let mut child = cmd
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()?;
+            let mut stdin = child.stdin.take().context("bare client stdin")?;
+            let mut lines =
+                tokio::io::BufReader::new(child.stdout.take().context("bare client stdout")?)
+                    .lines();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let pid = child.id().context("bare client pid")?;
+            let baseline = rss_kib(pid).context("reading VmRSS")?;
+            for &target in &ctx.profile.session_steps {
+                let started = Instant::now();
+                stdin.write_all(format!("{target}\n").as_bytes()).await?;
+                stdin.flush().await?;
+                let answer = lines.next_line().await?.unwrap_or_default();
+                anyhow::ensure!(answer == format!("open {target}"), "bare client: {answer}");
+                let connect = started.elapsed();
+                tokio::time::sleep(settle(ctx)).await;
+                steps.push(measure(scheme, target, pid, baseline, None, connect).await?);
+            }
+        }
+    }
+    Ok(steps)
+}
+
+/// Long enough for every session to have received light traffic and for
+/// the worker to have renewed and checkpointed a few times.
+fn settle(ctx: &Ctx) -> Duration {
+    (ctx.profile.heartbeat * 3).max(LIGHT_TRAFFIC * 2)
 }
 
 /// A bed whose feed sends nothing: sessions stay idle.
@@ -86,16 +193,20 @@ async fn measure(
     target: usize,
     pid: u32,
     baseline: u64,
-    worker: &tether_testkit::fleet::WorkerProcess,
+    worker: Option<&tether_testkit::fleet::WorkerProcess>,
     connect: Duration,
 ) -> anyhow::Result<Value> {
     let rss = rss_kib(pid).context("reading VmRSS")?;
-    let metrics = worker.metrics().await.map_err(anyhow::Error::msg)?;
+    let metrics = match worker {
+        Some(w) => w.metrics().await.map_err(anyhow::Error::msg)?,
+        None => String::new(),
+    };
     let fences = metric_sum(&metrics, "tether_self_fences_total", "");
     let renew_errors = metric_sum(&metrics, "tether_lease_renewals_total", "result=\"error\"");
     let per = rss.saturating_sub(baseline) as f64 / target as f64;
+    let who = if worker.is_some() { "tether" } else { "bare" };
     println!(
-        "sessions {target:>6} {scheme:<3} RSS {:>7.1} MiB, {per:>5.1} KiB per idle session; self-fences {fences}, renewal errors {renew_errors}; connected in {:.1}s",
+        "  run: {who:<6} {target:>6} {scheme:<3} RSS {:>7.1} MiB, {per:>5.1} KiB per idle session; self-fences {fences}, renewal errors {renew_errors}; connected in {:.1}s",
         rss as f64 / 1024.0,
         connect.as_secs_f64()
     );
@@ -113,6 +224,14 @@ async fn measure(
 /// An idle `wss://` upstream on loopback with a fresh self-signed
 /// certificate, and the CA file workers trust it by.
 pub async fn tls_upstream(bed: &Bed) -> anyhow::Result<(TlsUpstream, std::path::PathBuf)> {
+    tls_upstream_with(bed, None).await
+}
+
+/// The same, sending one message per session every `message_every`.
+async fn tls_upstream_with(
+    bed: &Bed,
+    message_every: Option<Duration>,
+) -> anyhow::Result<(TlsUpstream, std::path::PathBuf)> {
     let (certified, key) = self_signed(&["127.0.0.1"]);
     let ca = bed.log_dir.join("bench-ca.pem");
     std::fs::write(&ca, certified.cert.pem())?;
@@ -120,45 +239,14 @@ pub async fn tls_upstream(bed: &Bed) -> anyhow::Result<(TlsUpstream, std::path::
         loopback(),
         FeedOptions {
             rate: 0,
-            first_seq: 1,
+            message_every,
+            ..FeedOptions::default()
         },
         vec![certified.cert.der().clone()],
         key,
     )
     .await?;
     Ok((upstream, ca))
-}
-
-async fn tls(ctx: &Ctx, bed: &Bed, target: usize) -> anyhow::Result<Value> {
-    let (upstream, ca) = tls_upstream(bed).await?;
-    let fleet = fleet(ctx, bed);
-    let ca_arg = ca.to_string_lossy().to_string();
-    let worker = fleet.spawn_with(
-        "mem-tls",
-        fleet.endpoint(),
-        &[
-            "--max-connections",
-            "20000",
-            "--ca-file",
-            &ca_arg,
-            "--connect-rate",
-            "0",
-        ],
-    )?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let pid = worker.pid().context("worker pid")?;
-    let baseline = rss_kib(pid).context("reading VmRSS")?;
-    let started = Instant::now();
-    apply_idle(&bed.store, &|n| upstream.url(n), "tls", 0, target).await?;
-    Bed::wait(
-        Duration::from_secs(300),
-        &format!("{target} idle wss sessions are open"),
-        || async { upstream.feed.open_sessions().len() >= target },
-    )
-    .await?;
-    let connect = started.elapsed();
-    tokio::time::sleep(ctx.profile.heartbeat * 3).await;
-    measure("wss", target, pid, baseline, &worker, connect).await
 }
 
 /// Applies idle log-sink streams `prefix-<from>` .. `prefix-<to>`.

@@ -1,0 +1,71 @@
+//! The memory floor: a bare client process holding WebSocket sessions with
+//! tokio-tungstenite (+ tokio-rustls for `wss://`) and tether's own buffer
+//! settings and TLS configuration, and nothing else. Run as
+//! `bench bare-sessions URL_TEMPLATE [CA_FILE]`; it reads a target count per
+//! line on stdin, opens sessions `bare-<i>` up to it in one burst, reads every
+//! message, and answers `open N` once all N are connected.
+
+use futures::StreamExt;
+use std::sync::Arc;
+use tether::worker::transport::{READ_BUFFER_BYTES, tls_config};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+
+pub async fn run(template: &str, ca: Option<&str>) -> anyhow::Result<()> {
+    let tls = tls_config(ca.map(std::path::Path::new)).map_err(anyhow::Error::msg)?;
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let mut open = 0usize;
+    let mut stdout = tokio::io::stdout();
+    while let Some(line) = lines.next_line().await? {
+        let target: usize = line.trim().parse()?;
+        let connects: Vec<_> = (open..target)
+            .map(|i| {
+                let url = template.replace("{name}", &format!("bare-{i:05}"));
+                tokio::spawn(session(url, tls.clone()))
+            })
+            .collect();
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<anyhow::Result<()>>(target.max(1));
+        for c in connects {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(c.await.unwrap_or_else(|e| Err(e.into()))).await;
+            });
+        }
+        drop(tx);
+        while let Some(connected) = rx.recv().await {
+            connected?;
+        }
+        open = target;
+        stdout
+            .write_all(format!("open {open}\n").as_bytes())
+            .await?;
+        stdout.flush().await?;
+    }
+    Ok(())
+}
+
+/// Connects, then reads in a task of its own for as long as the process lives.
+async fn session(url: String, tls: Arc<rustls::ClientConfig>) -> anyhow::Result<()> {
+    let parsed = url::Url::parse(&url)?;
+    let host = parsed.host_str().unwrap_or_default().to_string();
+    let port = parsed.port_or_known_default().unwrap_or(80);
+    let tcp = TcpStream::connect((host.as_str(), port)).await?;
+    tcp.set_nodelay(true)?;
+    let config = WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER_BYTES)
+        .write_buffer_size(0);
+    if parsed.scheme() == "wss" {
+        let name = rustls::pki_types::ServerName::try_from(host)?;
+        let stream = tokio_rustls::TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await?;
+        let (ws, _) =
+            tokio_tungstenite::client_async_with_config(url, stream, Some(config)).await?;
+        tokio::spawn(ws.for_each(|_| async {}));
+    } else {
+        let (ws, _) = tokio_tungstenite::client_async_with_config(url, tcp, Some(config)).await?;
+        tokio::spawn(ws.for_each(|_| async {}));
+    }
+    Ok(())
+}
