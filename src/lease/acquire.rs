@@ -66,6 +66,7 @@ impl LeaseStore {
             update.push_str(
                 " REMOVE status_reason, status_message, connected_since_ms, released_at_ms, release_reason",
             );
+            let _turn = self.stream_write_turn().await;
             let result = self
                 .call("acquire", Some(&pk), || {
                     let mut req = self

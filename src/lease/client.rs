@@ -22,6 +22,13 @@ use std::time::{Duration, Instant};
 
 /// Per-attempt timeout of one DynamoDB request (the retry deadline bounds the call).
 pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most stream-item writes (acquires, status, checkpoint folds, releases) in
+/// flight at once per store. Each one in flight needs an HTTP connection of
+/// its own, and the pool keeps them: a thousand streams connecting at once
+/// (a failover) would otherwise open a thousand connections to DynamoDB and
+/// hold ~28 KiB each for good. Worker-item writes (renewals, death marks)
+/// never wait for this: they keep the fence open.
+pub const MAX_STREAM_WRITES_IN_FLIGHT: usize = 32;
 /// Region used for a local endpoint, which ignores it.
 const LOCAL_REGION: &str = "us-east-1";
 /// Credentials a local DynamoDB-compatible server is reached with; it does not
@@ -83,6 +90,8 @@ pub struct LeaseStore {
     /// Whether the latest request got an answer from DynamoDB (for readiness).
     reachable: Arc<AtomicBool>,
     clock: Arc<ClockGauge>,
+    /// Bounds stream-item writes in flight ([`MAX_STREAM_WRITES_IN_FLIGHT`]).
+    stream_writes: Arc<tokio::sync::Semaphore>,
 }
 
 /// A conditional write whose condition did not hold: an expected outcome.
@@ -176,7 +185,14 @@ impl LeaseStore {
             metrics,
             reachable: Arc::new(AtomicBool::new(true)),
             clock,
+            stream_writes: Arc::new(tokio::sync::Semaphore::new(MAX_STREAM_WRITES_IN_FLIGHT)),
         })
+    }
+
+    /// Waits for a turn to write a stream item (see [`MAX_STREAM_WRITES_IN_FLIGHT`]).
+    pub(super) async fn stream_write_turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        // The semaphore is never closed; `None` would only mean "go ahead".
+        self.stream_writes.acquire().await.ok()
     }
 
     /// A flag that is `false` while the latest DynamoDB request failed to get a

@@ -100,6 +100,7 @@ impl LeaseStore {
     ) -> Result<Result<(), ConditionFailed>, StoreError> {
         let pk = lease.key.pk();
         let expression = update.expression();
+        let _turn = self.stream_write_turn().await;
         let out = self
             .call(operation, Some(&pk), || {
                 let mut req = self

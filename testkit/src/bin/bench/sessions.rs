@@ -185,6 +185,24 @@ pub fn fleet(ctx: &Ctx, bed: &Bed) -> FleetConfig {
     fleet.workers.heartbeat_interval = ctx.profile.heartbeat;
     fleet.workers.reconcile_interval = ctx.profile.reconcile;
     fleet.workers.fence_margin = Duration::from_secs(1);
+    // For finding where the bytes go: extra worker environment
+    // (`TETHER_BENCH_WORKER_ENV="K=V,K=V"`) and a wrapper the worker runs under
+    // (`TETHER_BENCH_WORKER_WRAPPER=/path/to/script`, e.g. one that execs heaptrack).
+    if let Ok(extra) = std::env::var("TETHER_BENCH_WORKER_ENV") {
+        fleet.env.extend(
+            extra
+                .split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+    }
+    if let Ok(wrapper) = std::env::var("TETHER_BENCH_WORKER_WRAPPER") {
+        fleet.env.push((
+            "TETHER_WRAPPED_EXE".into(),
+            fleet.workers.exe.display().to_string(),
+        ));
+        fleet.workers.exe = wrapper.into();
+    }
     fleet
 }
 
