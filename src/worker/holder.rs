@@ -49,6 +49,27 @@ impl Drop for Running {
     }
 }
 
+/// The record without its spec JSON, the parsed spec, and the JSON's digest.
+fn parsed(
+    mut record: StreamRecord,
+) -> (StreamRecord, Result<Arc<StreamConnectionSpec>, String>, u64) {
+    let spec = spec_of(&record).map(Arc::new);
+    let spec_digest = digest(&record.spec);
+    record.spec = None;
+    (record, spec, spec_digest)
+}
+
+/// A digest of a stored spec, to notice that it changed.
+fn digest(spec: &Option<serde_json::Value>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    // `Value` maps are ordered, so equal specs print equally.
+    serde_json::to_string(spec)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
 /// Parses the spec stored in the table. Items written by the seed carried only
 /// `ws_url`: they get a log sink and defaults.
 pub fn spec_of(record: &StreamRecord) -> Result<StreamConnectionSpec, String> {
@@ -76,9 +97,14 @@ pub fn spec_of(record: &StreamRecord) -> Result<StreamConnectionSpec, String> {
 
 pub struct Holder {
     ctx: Arc<WorkerCtx>,
-    deps: SessionDeps,
+    deps: Arc<SessionDeps>,
     held: HeldStream,
+    /// The stream item, without its spec JSON: the spec is kept parsed
+    /// (shared with the session) and as a digest for noticing changes, so a
+    /// held stream does not carry the same spec three times.
     record: StreamRecord,
+    spec: Result<Arc<StreamConnectionSpec>, String>,
+    spec_digest: u64,
     /// The last session failed permanently: wait for a new generation.
     failed: bool,
     last_status_write: Option<Instant>,
@@ -90,15 +116,18 @@ pub struct Holder {
 impl Holder {
     pub fn new(
         ctx: Arc<WorkerCtx>,
-        deps: SessionDeps,
+        deps: Arc<SessionDeps>,
         held: HeldStream,
         record: StreamRecord,
     ) -> Self {
+        let (record, spec, spec_digest) = parsed(record);
         Self {
             ctx,
             deps,
             held,
             record,
+            spec,
+            spec_digest,
             failed: false,
             last_status_write: None,
             one_session: Arc::new(tokio::sync::Semaphore::new(1)),
@@ -171,9 +200,10 @@ impl Holder {
 
     fn start_session(&mut self, turn: tokio::sync::OwnedSemaphorePermit) -> Option<Running> {
         self.failed = false;
-        let spec = match spec_of(&self.record) {
-            Ok(spec) => spec,
+        let spec = match &self.spec {
+            Ok(spec) => spec.clone(),
             Err(message) => {
+                let message = message.clone();
                 tracing::warn!(stream = %self.record.key, %message, "stream spec is invalid; not connecting");
                 self.held.progress.update_status(|s| {
                     s.phase = Phase::Failed;
@@ -269,19 +299,19 @@ impl Holder {
         };
         if current.desired_state == DesiredState::Stopped {
             tracing::info!(stream = %key, deleted = current.is_tombstone(), "stream is STOPPED; closing and releasing");
-            self.record = current;
+            self.record = parsed(current).0;
             return Some(self.release(session, ReleaseReason::Stopped).await);
         }
         if current.generation != self.record.generation
             || current.ws_url != self.record.ws_url
-            || current.spec != self.record.spec
+            || digest(&current.spec) != self.spec_digest
         {
             tracing::info!(stream = %key, generation = current.generation, "new spec: restarting the session");
             if let Some(running) = session.take() {
                 self.stop_session(running, self.ctx.settings.drain_timeout)
                     .await;
             }
-            self.record = current;
+            (self.record, self.spec, self.spec_digest) = parsed(current);
             self.failed = false;
             self.held
                 .progress

@@ -231,14 +231,15 @@ async fn incarnation(
     let fence = Arc::new(Fence::new(ctx.settings.fence_window, before));
     tracing::info!(incarnation = %me, table = ctx.store.table(), "worker started");
     let registry = Arc::new(Registry::default());
-    let deps = SessionDeps {
+    // One per incarnation, shared by every held stream and its sessions.
+    let deps = Arc::new(SessionDeps {
         dialer: ctx.dialer.clone(),
         sinks: ctx.sinks.clone(),
         sink_policy: ctx.sink_policy.clone(),
         kinesis_streams: ctx.settings.kinesis_streams.clone(),
         metrics: ctx.metrics.clone(),
         fence: fence.clone(),
-    };
+    });
     let stop_liveness = CancellationToken::new();
     // Every task of an incarnation is aborted when it is dropped: none outlives it.
     let mut liveness = AbortOnDropHandle::new(tokio::spawn(

@@ -47,7 +47,8 @@ pub struct SessionConfig {
     pub worker: Arc<str>,
     /// The fencing token, sent with every sink payload.
     pub token: u64,
-    pub spec: StreamConnectionSpec,
+    /// Shared with the stream's holder.
+    pub spec: Arc<StreamConnectionSpec>,
     /// The stream's one session slot, held for the session's whole life: a
     /// session that was aborted is dropped (its socket closed) only when the
     /// runtime next runs its task, so the next session of the stream waits
@@ -130,7 +131,7 @@ pub trait Sessions: Send + Sync + 'static {
         &self,
         cfg: SessionConfig,
         progress: Arc<StreamProgress>,
-        deps: SessionDeps,
+        deps: Arc<SessionDeps>,
         ctl: SessionControl,
     ) -> tokio::task::JoinHandle<SessionEnd>;
 }
@@ -143,7 +144,7 @@ impl Sessions for WebSocketSessions {
         &self,
         cfg: SessionConfig,
         progress: Arc<StreamProgress>,
-        deps: SessionDeps,
+        deps: Arc<SessionDeps>,
         ctl: SessionControl,
     ) -> tokio::task::JoinHandle<SessionEnd> {
         // The session's span: the parent of its connects and sink batches.
@@ -156,7 +157,7 @@ impl Sessions for WebSocketSessions {
 pub async fn run(
     cfg: SessionConfig,
     progress: Arc<StreamProgress>,
-    deps: SessionDeps,
+    deps: Arc<SessionDeps>,
     ctl: SessionControl,
 ) -> SessionEnd {
     if let Err(message) = sink_allowed(&cfg.spec, &cfg.key.namespace, &deps).await {

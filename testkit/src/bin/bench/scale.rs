@@ -43,7 +43,7 @@ impl Sessions for NoopSessions {
         &self,
         _cfg: SessionConfig,
         _progress: Arc<StreamProgress>,
-        deps: SessionDeps,
+        deps: Arc<SessionDeps>,
         ctl: SessionControl,
     ) -> JoinHandle<SessionEnd> {
         tokio::spawn(async move {
