@@ -639,3 +639,49 @@ async fn tls_is_verified_by_default_and_a_private_ca_can_be_trusted() {
     .await;
     assert_eq!(bed.log("secure").gaps(1), Vec::<u64>::new());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_streams_connecting_at_once_opens_a_bounded_number_of_dynamodb_connections() {
+    let bed = bed().await;
+    // Every one of these writes its status as soon as it connects.
+    let names = bed.apply("burst", 150).await.unwrap();
+    let store_addr = endpoint().0.trim_start_matches("http://").parse().unwrap();
+    let proxy = FaultProxy::start(loopback(), store_addr).await.unwrap();
+    let worker = bed
+        .fleet
+        .spawn_with(
+            "burst",
+            &proxy.endpoint(),
+            &["--connect-rate", "0", "--no-rebalance"],
+        )
+        .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "every stream is connected and has written its status",
+        || async {
+            bed.connected_once(&names)
+                && bed
+                    .views()
+                    .await
+                    .iter()
+                    .filter(|v| {
+                        v.record
+                            .status
+                            .as_ref()
+                            .is_some_and(|s| s.phase == Phase::Connected)
+                    })
+                    .count()
+                    == names.len()
+        },
+    )
+    .await;
+    // 32 stream writes in flight, plus the worker's own calls (renewals,
+    // fleet and partition reads) — never one connection per stream.
+    let connections = proxy.accepted();
+    assert!(
+        connections <= 64,
+        "{connections} connections to DynamoDB for {} streams\n{}",
+        names.len(),
+        worker.log()
+    );
+}

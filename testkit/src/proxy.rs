@@ -18,6 +18,7 @@ pub enum ProxyMode {
 pub struct FaultProxy {
     pub addr: SocketAddr,
     mode: watch::Sender<ProxyMode>,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
     task: JoinHandle<()>,
 }
 
@@ -32,19 +33,32 @@ impl FaultProxy {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let (mode, _) = watch::channel(ProxyMode::Pass);
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let task = tokio::spawn({
             let mode = mode.clone();
+            let accepted = accepted.clone();
             async move {
                 while let Ok((inbound, _)) = listener.accept().await {
+                    accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     tokio::spawn(relay(inbound, target, mode.subscribe()));
                 }
             }
         });
-        Ok(Self { addr, mode, task })
+        Ok(Self {
+            addr,
+            mode,
+            accepted,
+            task,
+        })
     }
 
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// TCP connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn set_mode(&self, mode: ProxyMode) {

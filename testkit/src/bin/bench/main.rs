@@ -133,6 +133,19 @@ async fn main() -> anyhow::Result<()> {
             .init();
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // Re-renders the Markdown of a results file (after the report format changed).
+    if args.first().map(String::as_str) == Some("render") {
+        let path = args
+            .get(1)
+            .context("render bench/results/<profile>[-<figure>].json")?;
+        let report: Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
+        let stem = std::path::Path::new(path)
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default();
+        let which = stem.split_once('-').map_or("all", |(_, w)| w);
+        return report::write(&report, which);
+    }
     if args.first().map(String::as_str) == Some("bare-sessions") {
         let template = args
             .get(1)

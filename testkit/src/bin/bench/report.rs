@@ -193,22 +193,50 @@ fn markdown(r: &Value) -> String {
         md.push('\n');
     }
     if let Some(s) = res.get("sessions_per_worker") {
-        md.push_str("## Memory per idle session (one worker)\n\n| scheme | sessions | RSS MiB | KiB per session | self-fences | renewal errors | connect all s |\n|---|---|---|---|---|---|---|\n");
-        let rows = s["ws"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|v| ("ws", v.clone()))
-            .chain(s.get("wss").cloned().map(|w| ("wss", w)));
-        for (scheme, step) in rows {
+        md.push_str(&format!(
+            "## Memory per session (one process; opened in one burst per step, a message every {} s each)\n\n\
+             KiB of RSS growth per session, min / median / max over the runs.\n\n\
+             | scheme | sessions | tether | bare tokio-tungstenite (+ tokio-rustls) | tether − bare (median) |\n|---|---|---|---|---|\n",
+            f(&s["light_traffic_message_every_s"])
+        ));
+        for scheme in ["ws", "wss"] {
+            let tether = s[scheme]["tether"].as_array().cloned().unwrap_or_default();
+            let bare = s[scheme]["bare"].as_array().cloned().unwrap_or_default();
+            for (t, b) in tether.iter().zip(&bare) {
+                let spread = |v: &Value| {
+                    format!(
+                        "{} / {} / {}",
+                        f(&v["kib_per_session_min"]),
+                        f(&v["kib_per_session_median"]),
+                        f(&v["kib_per_session_max"])
+                    )
+                };
+                let over = t["kib_per_session_median"].as_f64().unwrap_or(0.0)
+                    - b["kib_per_session_median"].as_f64().unwrap_or(0.0);
+                md.push_str(&format!(
+                    "| {scheme} | {} | {} | {} | {over:.1} |\n",
+                    t["sessions"],
+                    spread(t),
+                    spread(b)
+                ));
+            }
+        }
+        md.push('\n');
+    }
+    if let Some(s) = res.get("sink_throughput") {
+        md.push_str(&format!(
+            "## Sink throughput (one worker, offered {} msg/s, {} s window)\n\n\
+             | sink | msg/s acknowledged | worker CPU cores | msg per worker CPU second |\n|---|---|---|---|\n",
+            s["offered_msgs_per_s"],
+            f(&s["window_s"])
+        ));
+        for sink in ["http", "kinesis", "nats"] {
+            let x = &s[sink];
             md.push_str(&format!(
-                "| {scheme} | {} | {:.1} | {} | {} | {} | {} |\n",
-                step["sessions"],
-                step["rss_kib"].as_f64().unwrap_or(0.0) / 1024.0,
-                f(&step["kib_per_session"]),
-                step["self_fences"],
-                step["renewal_errors"],
-                f(&step["connect_all_s"])
+                "| {sink} | {} | {} | {} |\n",
+                f(&x["msgs_per_s"]),
+                f(&x["worker_cpu_cores"]),
+                f(&x["msgs_per_cpu_s"])
             ));
         }
         md.push('\n');
