@@ -37,6 +37,9 @@ pub struct BedOptions {
     pub first_seq: u64,
     /// Light traffic: one message per session this often (overrides `rate`).
     pub message_every: Option<Duration>,
+    /// Whether the feed orders closes before successors' opens (see
+    /// `FeedOptions::order_closes`); off only where no overlap is checked.
+    pub order_closes: bool,
     /// Namespace of the bed's streams.
     pub namespace: String,
     /// Make the table with this tether 0.1 binary (a version-1 table).
@@ -49,6 +52,7 @@ impl Default for BedOptions {
             rate: 20,
             first_seq: 1,
             message_every: None,
+            order_closes: true,
             namespace: "fleet".into(),
             legacy_table: None,
         }
@@ -89,6 +93,7 @@ impl Bed {
                 rate: options.rate,
                 first_seq: options.first_seq,
                 message_every: options.message_every,
+                order_closes: options.order_closes,
             },
         )
         .await?;

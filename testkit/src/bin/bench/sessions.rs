@@ -81,6 +81,8 @@ async fn one_run(ctx: &Ctx, scheme: &str, client: Client) -> anyhow::Result<Vec<
         BedOptions {
             rate: 0,
             message_every: Some(LIGHT_TRAFFIC),
+            // Ten thousand sessions: no second descriptor per session.
+            order_closes: false,
             ..BedOptions::default()
         },
     )
