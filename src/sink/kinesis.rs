@@ -29,6 +29,8 @@ const THROTTLING: &[&str] = &[
 
 pub struct KinesisSink {
     clients: Arc<SinkClients>,
+    /// The region's shared client, looked up once per session, not per batch.
+    client: tokio::sync::OnceCell<aws_sdk_kinesis::Client>,
     stream_name: String,
     region: Option<String>,
     pub batching: Batching,
@@ -38,6 +40,7 @@ impl KinesisSink {
     pub fn new(clients: Arc<SinkClients>, spec: &KinesisSinkSpec) -> Self {
         Self {
             clients,
+            client: tokio::sync::OnceCell::new(),
             stream_name: spec.stream_name.clone(),
             region: spec.region.clone(),
             batching: Batching::new(
@@ -49,11 +52,16 @@ impl KinesisSink {
     }
 
     pub async fn deliver(&self, batch: &Batch<'_>) -> Result<(), SinkError> {
-        let client = self.clients.kinesis(self.region.as_deref()).await;
-        let mut records = Vec::with_capacity(batch.messages.len());
+        let client = self
+            .client
+            .get_or_init(|| self.clients.kinesis(self.region.as_deref()))
+            .await;
+        let mut sizes = Vec::with_capacity(batch.messages.len());
+        let mut entries = Vec::with_capacity(batch.messages.len());
         for m in batch.messages {
             let data = record_json(batch, m).to_string().into_bytes();
-            if data.len() + batch.connection.len() > MAX_RECORD_BYTES {
+            let size = data.len() + batch.connection.len();
+            if size > MAX_RECORD_BYTES {
                 // Never dropped: the stream stops here, its status says why.
                 return Err(SinkError::Refused(format!(
                     "message {} is {} bytes as a record, over Kinesis's 1 MiB; lower spec.limits.maxMessageBytes",
@@ -61,32 +69,31 @@ impl KinesisSink {
                     data.len()
                 )));
             }
-            records.push(data);
+            sizes.push(size);
+            entries.push(
+                PutRecordsRequestEntry::builder()
+                    .data(Blob::new(data))
+                    .partition_key(batch.connection)
+                    .build()
+                    .map_err(|e| SinkError::Refused(e.to_string()))?,
+            );
         }
+        let mut entries = entries.into_iter();
         let mut failed = Vec::new();
         let mut detail = String::new();
         let mut start = 0;
-        for end in request_ends(&records, batch.connection.len()) {
+        for end in request_ends(&sizes) {
             if !failed.is_empty() {
                 // Order: nothing after a refused record is sent before it.
                 failed.extend(start..end);
                 start = end;
                 continue;
             }
-            let entries = records[start..end]
-                .iter()
-                .map(|data| {
-                    PutRecordsRequestEntry::builder()
-                        .data(Blob::new(data.clone()))
-                        .partition_key(batch.connection)
-                        .build()
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| SinkError::Refused(e.to_string()))?;
+            let request: Vec<_> = entries.by_ref().take(end - start).collect();
             let call = client
                 .put_records()
                 .stream_name(&self.stream_name)
-                .set_records(Some(entries))
+                .set_records(Some(request))
                 .send();
             let output = match tokio::time::timeout(self.batching.timeout, call).await {
                 Err(_) => Err(SinkError::Transport(format!(
@@ -122,7 +129,7 @@ impl KinesisSink {
             return Ok(());
         }
         let throttled = THROTTLING.iter().any(|code| detail.starts_with(code));
-        if failed.len() == records.len() {
+        if failed.len() == sizes.len() {
             return Err(if throttled {
                 SinkError::Throttled(detail)
             } else {
@@ -131,25 +138,25 @@ impl KinesisSink {
         }
         Err(SinkError::Partial {
             failed,
-            total: records.len(),
+            total: sizes.len(),
             detail,
         })
     }
 }
 
-/// Splits records into PutRecords requests within Kinesis's request size.
-fn request_ends(records: &[Vec<u8>], key_len: usize) -> Vec<usize> {
+/// Splits records (their sizes: data and partition key) into PutRecords
+/// requests within Kinesis's request size; returns each request's end.
+fn request_ends(sizes: &[usize]) -> Vec<usize> {
     let mut ends = Vec::new();
     let mut bytes = 0;
-    for (i, data) in records.iter().enumerate() {
-        let size = data.len() + key_len;
+    for (i, &size) in sizes.iter().enumerate() {
         if bytes + size > MAX_REQUEST_BYTES && bytes > 0 {
             ends.push(i);
             bytes = 0;
         }
         bytes += size;
     }
-    ends.push(records.len());
+    ends.push(sizes.len());
     ends
 }
 
@@ -178,8 +185,7 @@ mod tests {
 
     #[test]
     fn requests_stay_within_five_mebibytes_and_keep_every_record() {
-        let records = vec![vec![0u8; 2 * 1024 * 1024]; 5];
-        assert_eq!(request_ends(&records, 10), [2, 4, 5]);
-        assert_eq!(request_ends(&vec![vec![1u8; 10]; 3], 10), [3]);
+        assert_eq!(request_ends(&[2 * 1024 * 1024 + 10; 5]), [2, 4, 5]);
+        assert_eq!(request_ends(&[20; 3]), [3]);
     }
 }

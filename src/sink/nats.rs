@@ -22,7 +22,11 @@ pub const SEQ_HEADER: &str = "Tether-Seq";
 
 pub struct NatsSink {
     clients: Arc<SinkClients>,
+    /// The shared connection, looked up once per session, not per batch.
+    client: tokio::sync::OnceCell<async_nats::Client>,
     namespace: String,
+    /// Built once: every message of every batch is published to it.
+    subject: async_nats::Subject,
     spec: NatsSinkSpec,
     pub batching: Batching,
 }
@@ -31,7 +35,9 @@ impl NatsSink {
     pub fn new(clients: Arc<SinkClients>, namespace: &str, spec: &NatsSinkSpec) -> Self {
         Self {
             clients,
+            client: tokio::sync::OnceCell::new(),
             namespace: namespace.to_string(),
+            subject: async_nats::Subject::from(spec.subject.as_str()),
             spec: spec.clone(),
             batching: Batching::new(
                 spec.max_batch_messages,
@@ -41,7 +47,7 @@ impl NatsSink {
         }
     }
 
-    async fn client(&self) -> Result<async_nats::Client, SinkError> {
+    async fn connect(&self) -> Result<async_nats::Client, SinkError> {
         let refs = serde_json::to_string(&self.spec.credentials).unwrap_or_default();
         let auth = async {
             let Some(c) = &self.spec.credentials else {
@@ -78,7 +84,8 @@ impl NatsSink {
     }
 
     pub async fn deliver(&self, batch: &Batch<'_>) -> Result<(), SinkError> {
-        let mut js = jetstream::new(self.client().await?);
+        let client = self.client.get_or_try_init(|| self.connect()).await?;
+        let mut js = jetstream::new(client.clone());
         js.set_timeout(self.batching.timeout);
         let total = batch.messages.len();
         let mut pending = Vec::with_capacity(total);
@@ -98,7 +105,7 @@ impl NatsSink {
             headers.insert(SEQ_HEADER, m.seq.to_string().as_str());
             crate::telemetry::inject_nats(&mut headers);
             match js
-                .publish_with_headers(self.spec.subject.clone(), headers, m.data.clone().into())
+                .publish_with_headers(self.subject.clone(), headers, m.data.clone().into())
                 .await
             {
                 Ok(ack) => pending.push(ack),

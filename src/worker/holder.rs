@@ -299,7 +299,11 @@ impl Holder {
         };
         if current.desired_state == DesiredState::Stopped {
             tracing::info!(stream = %key, deleted = current.is_tombstone(), "stream is STOPPED; closing and releasing");
-            self.record = parsed(current).0;
+            // Released next: its spec is not needed, parsed or kept.
+            self.record = StreamRecord {
+                spec: None,
+                ..current
+            };
             return Some(self.release(session, ReleaseReason::Stopped).await);
         }
         if current.generation != self.record.generation
