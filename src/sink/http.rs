@@ -5,7 +5,7 @@
 //! for this stream". A plain 409 (many sinks answer it for a duplicate, normal
 //! after a replay) is an ordinary delivery error and is retried.
 
-use super::{Batch, Batching, SinkError};
+use super::{Batch, Batching, SinkError, batch_json};
 use crate::crd::HttpSinkSpec;
 
 /// Response header that, with HTTP 409, means "a newer owner exists".
@@ -38,7 +38,8 @@ impl HttpSink {
             .post(&self.url)
             .timeout(self.batching.timeout)
             .headers(headers)
-            .json(batch)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(batch_json(batch))
             .send()
             .await
             .map_err(|e| SinkError::Transport(root_cause(&e)))?;

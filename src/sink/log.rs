@@ -9,7 +9,9 @@ impl LogSink {
     pub fn deliver(&self, batch: &Batch<'_>) -> Result<(), SinkError> {
         let mut out = std::io::stdout().lock();
         for m in batch.messages {
-            writeln!(out, "{}", record_json(batch, m))?;
+            let mut line = record_json(batch, m);
+            line.push(b'\n');
+            out.write_all(&line)?;
         }
         out.flush()?;
         Ok(())

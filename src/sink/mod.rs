@@ -3,12 +3,14 @@
 //! acknowledged messages, and every payload carries the fencing token.
 
 mod clients;
+mod encode;
 mod http;
 mod kinesis;
 mod log;
 mod nats;
 
 pub use clients::SinkClients;
+pub use encode::{batch_json, record_json};
 pub use http::{FENCED_HEADER, HttpSink};
 pub use kinesis::KinesisSink;
 pub use log::LogSink;
@@ -24,7 +26,17 @@ use thiserror::Error;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Message {
     pub seq: u64,
-    pub data: String,
+    /// The text as it arrived, sharing the frame's buffer: nothing is copied
+    /// between the socket and the sink's encoder.
+    #[serde(serialize_with = "text")]
+    pub data: Text,
+}
+
+/// Message text: UTF-8 in shared bytes (tungstenite's own text type).
+pub use tokio_tungstenite::tungstenite::Utf8Bytes as Text;
+
+fn text<S: serde::Serializer>(t: &Text, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(t.as_str())
 }
 
 /// The payload every sink receives. `token` is the lease's fencing token, so a
@@ -35,18 +47,6 @@ pub struct Batch<'a> {
     pub worker: &'a str,
     pub token: u64,
     pub messages: &'a [Message],
-}
-
-/// One message as a self-describing record (log lines, Kinesis records):
-/// the stream, the owner and its token travel with the data.
-pub fn record_json(batch: &Batch<'_>, message: &Message) -> serde_json::Value {
-    serde_json::json!({
-        "connection": batch.connection,
-        "worker": batch.worker,
-        "token": batch.token,
-        "seq": message.seq,
-        "data": message.data,
-    })
 }
 
 #[derive(Debug, Error)]

@@ -134,6 +134,10 @@ impl Holder {
         }
     }
 
+    /// The holder's task. Every path that writes the store or stops a
+    /// session is boxed: those futures (SDK calls, a session's teardown) are
+    /// large and short-lived, and inline they would size the future every
+    /// held stream keeps for its whole life.
     pub async fn run(mut self) -> HolderEnd {
         let signals = self.held.signals.clone();
         let fence = self.deps.fence.clone();
@@ -162,24 +166,24 @@ impl Holder {
             };
             tokio::select! {
                 biased;
-                _ = signals.shutdown.cancelled() => return self.release(&mut session, ReleaseReason::Shutdown).await,
-                _ = signals.handoff.cancelled() => return self.release(&mut session, ReleaseReason::Rebalance).await,
+                _ = signals.shutdown.cancelled() => return Box::pin(self.release(&mut session, ReleaseReason::Shutdown)).await,
+                _ = signals.handoff.cancelled() => return Box::pin(self.release(&mut session, ReleaseReason::Rebalance)).await,
                 _ = fence.closed(), if serving => self.fence_session(&mut session),
                 _ = fence.open(), if !serving && !self.failed && !fence.is_valid() => {}
                 end = session_done => {
                     session = None;
-                    if let Some(end) = self.session_ended(end, &mut session).await {
+                    if let Some(end) = Box::pin(self.session_ended(end, &mut session)).await {
                         return end;
                     }
                 }
                 _ = signals.changed.notified() => {
-                    if let Some(end) = self.follow_change(&mut session).await {
+                    if let Some(end) = Box::pin(self.follow_change(&mut session)).await {
                         return end;
                     }
                 }
                 _ = progress.status_changed(), if due.is_none() => {}
                 _ = status_due => {
-                    if let Some(end) = self.write_status(&mut session).await {
+                    if let Some(end) = Box::pin(self.write_status(&mut session)).await {
                         return end;
                     }
                 }

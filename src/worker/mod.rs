@@ -22,6 +22,7 @@ pub mod progress;
 pub mod registry;
 pub mod restart;
 pub mod secrets;
+pub mod sequence;
 pub mod session;
 pub mod settings;
 pub mod transport;

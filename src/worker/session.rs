@@ -11,13 +11,14 @@ use super::fence::Fence;
 use super::kinesis_scope::KinesisStreams;
 use super::policy::HostPolicy;
 use super::progress::StreamProgress;
+use super::sequence::{SequencePointer, next_counter, sequence_of};
 use super::transport::{CONNECT_TIMEOUT, ConnectError, Dialer, Ws, resume_url};
 use crate::crd::StreamConnectionSpec;
 use crate::lease::{Phase, RetryPolicy, StreamKey, now_ms};
 use crate::metrics::WorkerMetrics;
 use crate::sink::{Message, Sink, SinkClients};
 use base64::Engine;
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{Instant, sleep_until, timeout};
@@ -160,7 +161,8 @@ pub async fn run(
     deps: Arc<SessionDeps>,
     ctl: SessionControl,
 ) -> SessionEnd {
-    if let Err(message) = sink_allowed(&cfg.spec, &cfg.key.namespace, &deps).await {
+    // Boxed: a name lookup's state is only needed before the first connect.
+    if let Err(message) = Box::pin(sink_allowed(&cfg.spec, &cfg.key.namespace, &deps)).await {
         deps.metrics
             .session_errors
             .get_or_create(&[("kind", "sink_policy")])
@@ -338,45 +340,57 @@ async fn pump(
             };
         }
     }
-    let pointer = cfg.spec.sequence.as_ref().map(|s| s.pointer.as_str());
+    let pointer = cfg
+        .spec
+        .sequence
+        .as_ref()
+        .map(|s| SequencePointer::new(&s.pointer));
     let max_batch = sink.max_batch();
     let linger = sink.linger();
     let ping_every = Duration::from_secs(cfg.spec.keepalive.interval_seconds.into());
     let pong_timeout = Duration::from_secs(cfg.spec.keepalive.timeout_seconds.into());
     let mut ping_timer = tokio::time::interval_at(Instant::now() + ping_every, ping_every);
     let mut last_heard = Instant::now();
-    let mut high_water = checkpoint;
-    let mut batch: Vec<Message> = Vec::new();
-    let mut flush_at: Option<Instant> = None;
+    let mut intake = Intake {
+        key: &cfg.key,
+        pointer: pointer.as_ref(),
+        high_water: checkpoint,
+        batch: Vec::new(),
+        received: 0,
+        bytes: 0,
+    };
+    // The session's waits are made once and polled again on every turn of
+    // the loop: made anew per message, each re-registered with its token,
+    // watch channel or timer, which cost more than reading the message.
+    let aborted = ctl.abort.cancelled();
+    let fenced = deps.fence.closed();
+    let stopped = ctl.stop.cancelled();
+    let linger_timer = tokio::time::sleep_until(Instant::now());
+    tokio::pin!(aborted, fenced, stopped, linger_timer);
+    let mut lingering = false;
 
     loop {
-        let linger_elapsed = async {
-            match flush_at {
-                Some(at) => sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
         let mut flush_now = false;
         let mut ended: Option<PumpEnd> = None;
         tokio::select! {
             biased;
-            _ = ctl.abort.cancelled() => {
+            _ = &mut aborted => {
                 Box::pin(close(&mut ws, CloseCode::Away)).await;
                 return PumpEnd::Ended(SessionEnd::Aborted);
             }
-            _ = deps.fence.closed() => {
+            _ = &mut fenced => {
                 // Nothing more may be delivered: drop the batch (it will be
                 // replayed from the checkpoint) and close at once.
                 Box::pin(close(&mut ws, CloseCode::Away)).await;
                 return PumpEnd::Ended(SessionEnd::Fenced);
             }
-            _ = ctl.stop.cancelled() => {
-                let flushed = Box::pin(delivery.deliver(&mut batch)).await;
+            _ = &mut stopped => {
+                let flushed = Box::pin(delivery.deliver(&mut intake.batch)).await;
                 let code = if flushed.is_ok() { CloseCode::Normal } else { CloseCode::Away };
                 Box::pin(close(&mut ws, code)).await;
                 return PumpEnd::Ended(flushed.map_or_else(SessionEnd::from, |()| SessionEnd::Stopped));
             }
-            _ = linger_elapsed => flush_now = true,
+            _ = &mut linger_timer, if lingering => flush_now = true,
             _ = ping_timer.tick() => {
                 if last_heard.elapsed() > ping_every + pong_timeout {
                     ended = Some(PumpEnd::Disconnected {
@@ -389,61 +403,34 @@ async fn pump(
             }
             frame = ws.next() => {
                 last_heard = Instant::now();
-                match frame {
-                    Some(Ok(WsMessage::Text(text))) => {
-                        deps.metrics.messages_received.inc();
-                        deps.metrics.bytes_received.inc_by(text.len() as u64);
-                        match sequence_of(&text, pointer, &mut high_water) {
-                            Ok(Some(seq)) => batch.push(Message { seq, data: text.to_string() }),
-                            Ok(None) => {} // a replay of something already acknowledged
-                            Err(why) => {
-                                deps.metrics.session_errors.get_or_create(&[("kind", "sequence")]).inc();
-                                tracing::warn!(stream = %cfg.key, %why, "message without a usable sequence number skipped");
-                            }
-                        }
-                    }
-                    Some(Ok(WsMessage::Binary(bytes))) => {
-                        deps.metrics.messages_received.inc();
-                        deps.metrics.bytes_received.inc_by(bytes.len() as u64);
-                        if pointer.is_some() {
-                            deps.metrics.session_errors.get_or_create(&[("kind", "sequence")]).inc();
-                            tracing::warn!(stream = %cfg.key, "binary message cannot carry a JSON sequence number; skipped");
-                        } else {
-                            let seq = next_counter(&mut high_water);
-                            let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
-                            batch.push(Message { seq, data });
-                        }
-                    }
-                    Some(Ok(WsMessage::Close(frame))) => {
-                        let why = frame.map(|f| format!("{} {}", u16::from(f.code), f.reason)).unwrap_or_default();
-                        ended = Some(PumpEnd::Disconnected { kind: "closed", message: format!("upstream closed the session {why}").trim().to_string() });
-                    }
-                    Some(Ok(_)) => {} // ping (answered by tungstenite), pong, raw frame
-                    Some(Err(e)) => {
-                        let kind = match &e {
-                            tungstenite::Error::Capacity(_) => "too_large",
-                            tungstenite::Error::Protocol(_) | tungstenite::Error::Utf8(_) => "malformed",
-                            _ => "io",
-                        };
-                        ended = Some(PumpEnd::Disconnected { kind, message: e.to_string() });
-                    }
-                    None => ended = Some(PumpEnd::Disconnected { kind: "closed", message: "connection closed".into() }),
+                ended = intake.take(frame, &deps.metrics);
+                // What has already arrived is taken now, up to a batch,
+                // without another turn of the select. Polled with a no-op
+                // waker: the next turn polls the socket with the real one.
+                let mut more = max_batch;
+                while ended.is_none() && intake.batch.len() < max_batch && more > 0 {
+                    let Some(frame) = ws.next().now_or_never() else { break };
+                    more -= 1;
+                    ended = intake.take(frame, &deps.metrics);
                 }
-                if batch.len() >= max_batch || (!batch.is_empty() && linger.is_zero()) {
+                intake.count(&deps.metrics);
+                let batched = intake.batch.len();
+                if batched >= max_batch || (batched > 0 && linger.is_zero()) {
                     flush_now = true;
-                } else if !batch.is_empty() && flush_at.is_none() {
-                    flush_at = Some(Instant::now() + linger);
+                } else if batched > 0 && !lingering {
+                    linger_timer.as_mut().reset(Instant::now() + linger);
+                    lingering = true;
                 }
             }
         }
         // Deliver what was read before reacting to a disconnect: it is already
         // in hand, and delivering it saves a replay.
-        if (flush_now || ended.is_some()) && !batch.is_empty() {
-            if let Err(u) = Box::pin(delivery.deliver(&mut batch)).await {
+        if (flush_now || ended.is_some()) && !intake.batch.is_empty() {
+            if let Err(u) = Box::pin(delivery.deliver(&mut intake.batch)).await {
                 Box::pin(close(&mut ws, CloseCode::Away)).await;
                 return PumpEnd::Ended(u.into());
             }
-            flush_at = None;
+            lingering = false;
             // We did not read while delivering; do not mistake that for a dead peer.
             last_heard = Instant::now();
         }
@@ -454,88 +441,102 @@ async fn pump(
     }
 }
 
+/// What a session has read and not yet delivered, and how it numbers it.
+struct Intake<'a> {
+    key: &'a StreamKey,
+    pointer: Option<&'a SequencePointer>,
+    high_water: Option<u64>,
+    batch: Vec<Message>,
+    /// Messages and bytes read since the counters were last advanced.
+    received: u64,
+    bytes: u64,
+}
+
+impl Intake<'_> {
+    /// Takes one frame into the batch; `Some` when the session is over.
+    fn take(
+        &mut self,
+        frame: Option<Result<WsMessage, tungstenite::Error>>,
+        metrics: &WorkerMetrics,
+    ) -> Option<PumpEnd> {
+        match frame {
+            Some(Ok(WsMessage::Text(text))) => {
+                self.received += 1;
+                self.bytes += text.len() as u64;
+                match sequence_of(&text, self.pointer, &mut self.high_water) {
+                    Ok(Some(seq)) => self.batch.push(Message { seq, data: text }),
+                    Ok(None) => {} // a replay of something already acknowledged
+                    Err(why) => {
+                        metrics
+                            .session_errors
+                            .get_or_create(&[("kind", "sequence")])
+                            .inc();
+                        tracing::warn!(stream = %self.key, %why, "message without a usable sequence number skipped");
+                    }
+                }
+                None
+            }
+            Some(Ok(WsMessage::Binary(bytes))) => {
+                self.received += 1;
+                self.bytes += bytes.len() as u64;
+                if self.pointer.is_some() {
+                    metrics
+                        .session_errors
+                        .get_or_create(&[("kind", "sequence")])
+                        .inc();
+                    tracing::warn!(stream = %self.key, "binary message cannot carry a JSON sequence number; skipped");
+                } else {
+                    let seq = next_counter(&mut self.high_water);
+                    let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
+                    self.batch.push(Message {
+                        seq,
+                        data: data.into(),
+                    });
+                }
+                None
+            }
+            Some(Ok(WsMessage::Close(frame))) => {
+                let why = frame
+                    .map(|f| format!("{} {}", u16::from(f.code), f.reason))
+                    .unwrap_or_default();
+                Some(PumpEnd::Disconnected {
+                    kind: "closed",
+                    message: format!("upstream closed the session {why}")
+                        .trim()
+                        .to_string(),
+                })
+            }
+            Some(Ok(_)) => None, // ping (answered by tungstenite), pong, raw frame
+            Some(Err(e)) => {
+                let kind = match &e {
+                    tungstenite::Error::Capacity(_) => "too_large",
+                    tungstenite::Error::Protocol(_) | tungstenite::Error::Utf8(_) => "malformed",
+                    _ => "io",
+                };
+                Some(PumpEnd::Disconnected {
+                    kind,
+                    message: e.to_string(),
+                })
+            }
+            None => Some(PumpEnd::Disconnected {
+                kind: "closed",
+                message: "connection closed".into(),
+            }),
+        }
+    }
+
+    /// Advances the worker's received counters by what was read since last time.
+    fn count(&mut self, metrics: &WorkerMetrics) {
+        metrics.messages_received.inc_by(self.received);
+        metrics.bytes_received.inc_by(self.bytes);
+        (self.received, self.bytes) = (0, 0);
+    }
+}
+
 async fn close(ws: &mut Ws, code: CloseCode) {
     let frame = CloseFrame {
         code,
         reason: "".into(),
     };
     let _ = timeout(CLOSE_TIMEOUT, ws.close(Some(frame))).await;
-}
-
-/// The next counter value: 0 with no checkpoint, else one past it.
-fn next_counter(high_water: &mut Option<u64>) -> u64 {
-    let next = high_water.map_or(0, |h| h + 1);
-    *high_water = Some(next);
-    next
-}
-
-/// The sequence number of a message: from the JSON pointer, or the next
-/// counter value. `Ok(None)` for a replay at or below what was already taken;
-/// with no checkpoint, every sequence number (0 included) is new.
-pub fn sequence_of(
-    text: &str,
-    pointer: Option<&str>,
-    high_water: &mut Option<u64>,
-) -> Result<Option<u64>, String> {
-    let Some(pointer) = pointer else {
-        return Ok(Some(next_counter(high_water)));
-    };
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
-    let seq = value
-        .pointer(pointer)
-        .and_then(serde_json::Value::as_u64)
-        .ok_or_else(|| format!("no unsigned integer at {pointer}"))?;
-    if high_water.is_some_and(|h| seq <= h) {
-        return Ok(None);
-    }
-    *high_water = Some(seq);
-    Ok(Some(seq))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counter_sequences_start_at_zero_and_continue_from_a_checkpoint() {
-        let mut none = None;
-        assert_eq!(sequence_of("x", None, &mut none), Ok(Some(0)));
-        assert_eq!(sequence_of("y", None, &mut none), Ok(Some(1)));
-        let mut hw = Some(41);
-        assert_eq!(sequence_of("x", None, &mut hw), Ok(Some(42)));
-    }
-
-    #[test]
-    fn a_zero_based_feed_delivers_sequence_zero_without_a_checkpoint() {
-        let mut hw = None;
-        assert_eq!(
-            sequence_of(r#"{"seq":0}"#, Some("/seq"), &mut hw),
-            Ok(Some(0))
-        );
-        assert_eq!(sequence_of(r#"{"seq":0}"#, Some("/seq"), &mut hw), Ok(None));
-        let mut zero = Some(0);
-        assert_eq!(
-            sequence_of(r#"{"seq":0}"#, Some("/seq"), &mut zero),
-            Ok(None),
-            "checkpoint 0 means 0 was delivered"
-        );
-    }
-
-    #[test]
-    fn pointer_sequences_skip_replays_and_reject_messages_without_one() {
-        let mut hw = Some(10);
-        assert_eq!(sequence_of(r#"{"seq":9}"#, Some("/seq"), &mut hw), Ok(None));
-        assert_eq!(
-            sequence_of(r#"{"seq":11}"#, Some("/seq"), &mut hw),
-            Ok(Some(11))
-        );
-        assert_eq!(
-            sequence_of(r#"{"m":{"n":12}}"#, Some("/m/n"), &mut hw),
-            Ok(Some(12))
-        );
-        assert!(sequence_of(r#"{"seq":"13"}"#, Some("/seq"), &mut hw).is_err());
-        assert!(sequence_of("not json", Some("/seq"), &mut hw).is_err());
-        assert_eq!(hw, Some(12));
-    }
 }

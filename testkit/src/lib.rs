@@ -4,6 +4,7 @@
 //!
 //! - `store`: the DynamoDB-compatible server under test (dynoxide, or dynalite);
 //! - `upstream`: the replaying feed (plain and TLS) and a misbehaving one;
+//! - `blaster`: an upstream that sends as fast as the socket takes;
 //! - `sink`: the verifying sink, a fault proxy in front of it, a counting sink;
 //! - `sink_servers`: kinesalite and nats-server, with read-backs;
 //! - `proxy`, `dynamo_proxy`: TCP and DynamoDB fault proxies;
@@ -15,6 +16,7 @@
 //! - `capacity`: a capacity model of DynamoDB partitions (a metering proxy).
 
 pub mod bed;
+pub mod blaster;
 pub mod capacity;
 pub mod chaos;
 pub mod dynamo_proxy;

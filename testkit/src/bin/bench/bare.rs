@@ -3,13 +3,17 @@
 //! settings and TLS configuration, and nothing else. Run as
 //! `bench bare-sessions URL_TEMPLATE [CA_FILE]`; it reads a target count per
 //! line on stdin, opens sessions `bare-<i>` up to it in one burst, reads every
-//! message, and answers `open N` once all N are connected.
+//! message, and answers `open N` once all N are connected. A line `count`
+//! answers `count M`: the text messages read so far (the throughput
+//! benchmark's bare read loop).
 
 use futures::StreamExt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tether::worker::transport::{READ_BUFFER_BYTES, tls_config};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 pub async fn run(template: &str, ca: Option<&str>) -> anyhow::Result<()> {
@@ -17,12 +21,19 @@ pub async fn run(template: &str, ca: Option<&str>) -> anyhow::Result<()> {
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     let mut open = 0usize;
     let mut stdout = tokio::io::stdout();
+    let read = Arc::new(AtomicU64::new(0));
     while let Some(line) = lines.next_line().await? {
+        if line.trim() == "count" {
+            let answer = format!("count {}\n", read.load(Ordering::Relaxed));
+            stdout.write_all(answer.as_bytes()).await?;
+            stdout.flush().await?;
+            continue;
+        }
         let target: usize = line.trim().parse()?;
         let connects: Vec<_> = (open..target)
             .map(|i| {
                 let url = template.replace("{name}", &format!("bare-{i:05}"));
-                tokio::spawn(session(url, tls.clone()))
+                tokio::spawn(session(url, tls.clone(), read.clone()))
             })
             .collect();
         let (tx, mut rx) = tokio::sync::mpsc::channel::<anyhow::Result<()>>(target.max(1));
@@ -45,8 +56,13 @@ pub async fn run(template: &str, ca: Option<&str>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Connects, then reads in a task of its own for as long as the process lives.
-async fn session(url: String, tls: Arc<rustls::ClientConfig>) -> anyhow::Result<()> {
+/// Connects, then reads in a task of its own for as long as the process
+/// lives, counting text messages in `read`.
+async fn session(
+    url: String,
+    tls: Arc<rustls::ClientConfig>,
+    read: Arc<AtomicU64>,
+) -> anyhow::Result<()> {
     let parsed = url::Url::parse(&url)?;
     let host = parsed.host_str().unwrap_or_default().to_string();
     let port = parsed.port_or_known_default().unwrap_or(80);
@@ -62,10 +78,20 @@ async fn session(url: String, tls: Arc<rustls::ClientConfig>) -> anyhow::Result<
             .await?;
         let (ws, _) =
             tokio_tungstenite::client_async_with_config(url, stream, Some(config)).await?;
-        tokio::spawn(ws.for_each(|_| async {}));
+        tokio::spawn(ws.for_each(move |m| count(m, &read)));
     } else {
         let (ws, _) = tokio_tungstenite::client_async_with_config(url, tcp, Some(config)).await?;
-        tokio::spawn(ws.for_each(|_| async {}));
+        tokio::spawn(ws.for_each(move |m| count(m, &read)));
     }
     Ok(())
+}
+
+fn count(
+    message: Result<Message, tokio_tungstenite::tungstenite::Error>,
+    read: &AtomicU64,
+) -> std::future::Ready<()> {
+    if matches!(message, Ok(Message::Text(_))) {
+        read.fetch_add(1, Ordering::Relaxed);
+    }
+    std::future::ready(())
 }

@@ -301,10 +301,37 @@ fn markdown(r: &Value) -> String {
         ));
     }
     if let Some(t) = res.get("throughput") {
+        let pinned = match t["measured_cpu"].as_u64() {
+            Some(cpu) => format!("alone on CPU {cpu}; upstream, sink and store on the others"),
+            None => "not pinned".into(),
+        };
         md.push_str(&format!(
-            "## Throughput ({} sessions, offered {} msg/s)\n\n| tether → HTTP sink msg/s | bare tokio-tungstenite read msg/s | ratio |\n|---|---|---|\n| {} | {} | {} |\n\n",
-            t["sessions"], t["offered_msgs_per_s"], t["tether_msgs_per_s"], t["bare_tokio_tungstenite_msgs_per_s"], t["ratio"]
+            "## Saturated throughput ({} sessions, {}-byte messages as fast as the sockets take, {} s window; measured process {pinned})\n\n\
+             | scheme | client | msg/s | CPU cores | msg per CPU second | load generator CPU cores |\n|---|---|---|---|---|---|\n",
+            t["sessions"], t["message_bytes"], f(&t["window_s"])
         ));
+        for scheme in ["ws", "wss"] {
+            let x = &t[scheme];
+            for (client, label) in [
+                ("tether", "tether → HTTP sink (batches ≤ 500)"),
+                ("bare", "bare read loop"),
+            ] {
+                let y = &x[client];
+                md.push_str(&format!(
+                    "| {scheme} | {label} | {} | {} | {} | {} |\n",
+                    f(&y["msgs_per_s"]),
+                    f(&y["cpu_cores"]),
+                    f(&y["msgs_per_cpu_s"]),
+                    f(&y["load_generator_cpu_cores"])
+                ));
+            }
+            md.push_str(&format!(
+                "| {scheme} | tether / bare | {}× | | {}× | |\n",
+                f(&x["ratio_msgs_per_s"]),
+                f(&x["ratio_msgs_per_cpu_s"])
+            ));
+        }
+        md.push('\n');
     }
     md
 }

@@ -1,108 +1,316 @@
-//! Forwarding throughput: one worker forwarding sessions' messages to an HTTP
-//! sink, against bare tokio-tungstenite read loops over the same feed.
+//! Saturated forwarding throughput, `ws://` and `wss://`: one worker
+//! forwarding every message from an upstream that sends as fast as the
+//! sockets take (the blaster) to an HTTP sink in batches, next to a bare
+//! tokio-tungstenite (+ tokio-rustls) read loop over the same upstream in the
+//! same run — messages per second and per CPU second of the measured process.
+//!
+//! Saturated means the measured process is the bottleneck: it runs alone on
+//! one CPU (`taskset`), while the upstream, the sink and the store (this
+//! process) share the others. Its CPU use (≈ 1 core) and the load
+//! generator's are reported, so a run where the generator was the limit shows.
 
-use crate::Ctx;
-use futures::StreamExt;
+use crate::{Ctx, round2};
+use anyhow::Context;
 use serde_json::{Value, json};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tether::crd::StreamConnectionSpec;
 use tether_testkit::bed::{Bed, BedOptions, loopback, names};
+use tether_testkit::blaster::Blaster;
+use tether_testkit::fleet::metric_value;
 use tether_testkit::sink::CountingSink;
+use tether_testkit::upstream::self_signed;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-/// Messages per second each session is offered.
-const RATE: u32 = 4000;
+/// Bytes per upstream message (a small JSON event: telemetry, a quote).
+const MESSAGE_BYTES: usize = 200;
+/// Time after every session is open before the window starts.
+const WARM_UP: Duration = Duration::from_secs(3);
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
-    let p = &ctx.profile;
+    let pins = Pins::take()?;
+    let sessions = ctx.profile.throughput_sessions;
+    let mut out = serde_json::Map::new();
+    for scheme in ["ws", "wss"] {
+        let bare = bare_loop(ctx, scheme, &pins).await?;
+        let tether = forwarding(ctx, scheme, &pins).await?;
+        let ratio = |k: &str| {
+            round2(tether[k].as_f64().unwrap_or(f64::NAN) / bare[k].as_f64().unwrap_or(f64::NAN))
+        };
+        let (per_cpu, per_s) = (ratio("msgs_per_cpu_s"), ratio("msgs_per_s"));
+        for (who, x) in [("tether → HTTP sink", &tether), ("bare read loop", &bare)] {
+            println!(
+                "throughput {scheme:<3} {who:<18} {:>9} msg/s | {:>9} msg per CPU s | measured process {} cores, load generator {} cores",
+                x["msgs_per_s"], x["msgs_per_cpu_s"], x["cpu_cores"], x["load_generator_cpu_cores"]
+            );
+        }
+        println!(
+            "throughput {scheme:<3} tether / bare: {per_cpu:.2}× msg per CPU s, {per_s:.2}× msg/s"
+        );
+        out.insert(
+            scheme.into(),
+            json!({
+                "tether": tether,
+                "bare": bare,
+                "ratio_msgs_per_cpu_s": per_cpu,
+                "ratio_msgs_per_s": per_s,
+            }),
+        );
+    }
+    out.insert("sessions".into(), json!(sessions));
+    out.insert("message_bytes".into(), json!(MESSAGE_BYTES));
+    out.insert(
+        "window_s".into(),
+        json!(ctx.profile.throughput_window.as_secs_f64()),
+    );
+    out.insert("measured_cpu".into(), json!(pins.measured));
+    Ok(Value::Object(out))
+}
+
+/// tether: `sessions` streams on one worker, the HTTP sink counting what it
+/// acknowledged.
+async fn forwarding(ctx: &Ctx, scheme: &str, pins: &Pins) -> anyhow::Result<Value> {
     let bed = Bed::start(
         ctx.exe.clone(),
         BedOptions {
-            rate: RATE,
+            rate: 0,
             ..BedOptions::default()
         },
     )
     .await?;
-    let bare = bare_read_rate(&bed, p.throughput_sessions, p.throughput_window).await?;
+    let (blaster, ca) = blaster(&bed, scheme).await?;
     let sink = CountingSink::start(loopback()).await?;
-    let names = names("tput", p.throughput_sessions);
-    for n in &names {
+    let n = ctx.profile.throughput_sessions;
+    for name in names("tput", n) {
         let spec: StreamConnectionSpec = serde_json::from_value(json!({
-            "url": bed.upstream.url(n),
+            "url": blaster.url(&name),
             "sequence": {"pointer": "/seq"},
             "sink": {"http": {"url": sink.url(), "maxBatchMessages": 500, "lingerMs": 5}},
         }))?;
-        bed.apply_spec(n, &spec, 1).await?;
+        bed.apply_spec(&name, &spec, 1).await?;
     }
     let mut fleet = bed.fleet.clone();
-    fleet.workers.lease_duration = p.lease;
-    fleet.workers.heartbeat_interval = p.heartbeat;
+    fleet.workers.lease_duration = ctx.profile.lease;
+    fleet.workers.heartbeat_interval = ctx.profile.heartbeat;
     fleet.workers.fence_margin = Duration::from_secs(1);
-    let worker = fleet.spawn("tput")?;
+    if let Some(cpu) = pins.measured {
+        let wrapper = bed.log_dir.join("pinned-worker.sh");
+        std::fs::write(
+            &wrapper,
+            format!("#!/bin/sh\nexec taskset -c {cpu} \"$TETHER_WRAPPED_EXE\" \"$@\"\n"),
+        )?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+        fleet.env.push((
+            "TETHER_WRAPPED_EXE".into(),
+            fleet.workers.exe.display().to_string(),
+        ));
+        fleet.workers.exe = wrapper;
+    }
+    let mut args = vec!["--connect-rate", "0"];
+    let ca = ca.map(|p| p.display().to_string());
+    if let Some(ca) = &ca {
+        args.extend(["--ca-file", ca.as_str()]);
+    }
+    let worker = fleet.spawn_with("tput", fleet.endpoint(), &args)?;
     Bed::wait(
         Duration::from_secs(60),
         "throughput streams connected",
-        || async { bed.connected_once(&names) },
+        || async {
+            let m = worker.metrics().await.unwrap_or_default();
+            metric_value(&m, "tether_active_connections").unwrap_or(0.0) >= n as f64
+        },
     )
     .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let m0 = sink.messages();
-    let t0 = Instant::now();
-    tokio::time::sleep(p.throughput_window).await;
-    let rate = (sink.messages() - m0) as f64 / t0.elapsed().as_secs_f64();
+    let pid = worker.pid().context("worker pid")?;
+    let figure = window(ctx, pid, || async { Ok(sink.messages()) }).await?;
     drop(worker);
-    let offered = f64::from(RATE) * p.throughput_sessions as f64;
-    let ratio = rate / bare;
-    println!(
-        "throughput         tether {rate:>9.0} msg/s to the HTTP sink | bare read loop {bare:>9.0} msg/s | ratio {ratio:.2} (offered {offered:.0} msg/s)"
-    );
+    Ok(figure)
+}
+
+/// The bare read loop (`bench bare-sessions`): the same sessions, counted and
+/// dropped.
+async fn bare_loop(ctx: &Ctx, scheme: &str, pins: &Pins) -> anyhow::Result<Value> {
+    let bed = Bed::start(
+        ctx.exe.clone(),
+        BedOptions {
+            rate: 0,
+            ..BedOptions::default()
+        },
+    )
+    .await?;
+    let (blaster, ca) = blaster(&bed, scheme).await?;
+    let template = blaster.url("{name}").replace("{last_seq}", "0");
+    let exe = std::env::current_exe()?;
+    let mut cmd = match pins.measured {
+        Some(cpu) => {
+            let mut c = tokio::process::Command::new("taskset");
+            c.arg("-c").arg(cpu.to_string()).arg(exe);
+            c
+        }
+        None => tokio::process::Command::new(exe),
+    };
+    cmd.arg("bare-sessions").arg(&template);
+    if let Some(ca) = &ca {
+        cmd.arg(ca);
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let client = BareClient {
+        stdin: tokio::sync::Mutex::new(child.stdin.take().context("bare client stdin")?),
+        lines: tokio::sync::Mutex::new(
+            tokio::io::BufReader::new(child.stdout.take().context("bare client stdout")?).lines(),
+        ),
+    };
+    let ask = |line: String| client.ask(line);
+    let n = ctx.profile.throughput_sessions;
+    let answer = ask(n.to_string()).await?;
+    anyhow::ensure!(answer == format!("open {n}"), "bare client: {answer}");
+    let pid = child.id().context("bare client pid")?;
+    let figure = window(ctx, pid, || async {
+        let answer = ask("count".into()).await?;
+        answer
+            .strip_prefix("count ")
+            .and_then(|c| c.parse().ok())
+            .with_context(|| format!("bare client: {answer}"))
+    })
+    .await?;
+    drop(child);
+    Ok(figure)
+}
+
+/// The bare client's stdin and stdout: a line asked, a line answered.
+struct BareClient {
+    stdin: tokio::sync::Mutex<tokio::process::ChildStdin>,
+    lines: tokio::sync::Mutex<tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>>,
+}
+
+impl BareClient {
+    async fn ask(&self, line: String) -> anyhow::Result<String> {
+        let mut stdin = self.stdin.lock().await;
+        stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        stdin.flush().await?;
+        let answer = self.lines.lock().await.next_line().await?;
+        Ok(answer.unwrap_or_default())
+    }
+}
+
+/// Messages counted over the profile's window after a warm-up, against the
+/// measured process's CPU time and this process's (the load generator).
+async fn window<F, Fut>(ctx: &Ctx, pid: u32, count: F) -> anyhow::Result<Value>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<u64>>,
+{
+    let cpu = |pid: Option<u32>| {
+        tether::process_metrics::stat(pid)
+            .map(|s| s.cpu_seconds)
+            .context("reading /proc CPU time")
+    };
+    tokio::time::sleep(WARM_UP).await;
+    let (m0, c0, g0, t0) = (count().await?, cpu(Some(pid))?, cpu(None)?, Instant::now());
+    tokio::time::sleep(ctx.profile.throughput_window).await;
+    let (m1, c1, g1) = (count().await?, cpu(Some(pid))?, cpu(None)?);
+    let seconds = t0.elapsed().as_secs_f64();
+    let messages = m1.saturating_sub(m0) as f64;
+    let used = (c1 - c0).max(1e-6);
     Ok(json!({
-        "sessions": p.throughput_sessions,
-        "offered_msgs_per_s": offered,
-        "tether_msgs_per_s": rate.round(),
-        "bare_tokio_tungstenite_msgs_per_s": bare.round(),
-        "ratio": (ratio * 100.0).round() / 100.0,
+        "msgs_per_s": (messages / seconds).round(),
+        "msgs_per_cpu_s": (messages / used).round(),
+        "cpu_cores": round2(used / seconds),
+        "load_generator_cpu_cores": round2((g1 - g0) / seconds),
     }))
 }
 
-async fn bare_read_rate(bed: &Bed, sessions: usize, window: Duration) -> anyhow::Result<f64> {
-    let counter = Arc::new(AtomicU64::new(0));
-    let stop = tokio_util::sync::CancellationToken::new();
-    let mut tasks = Vec::new();
-    for i in 0..sessions {
-        let url = bed
-            .upstream
-            .url(&format!("bare-{i:03}"))
-            .replace("{last_seq}", "0");
-        let (mut ws, _) = tokio_tungstenite::connect_async(url).await?;
-        let counter = counter.clone();
-        let stop = stop.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    m = ws.next() => match m {
-                        Some(Ok(tokio_tungstenite::tungstenite::Message::Text(_))) => {
-                            counter.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Some(Ok(_)) => {}
-                        _ => break,
-                    }
-                }
-            }
-            let _ = ws.close(None).await;
-        }));
+/// A blaster for `scheme`; for `wss`, a fresh self-signed certificate and
+/// the CA file that trusts it.
+async fn blaster(bed: &Bed, scheme: &str) -> anyhow::Result<(Blaster, Option<std::path::PathBuf>)> {
+    if scheme != "wss" {
+        return Ok((Blaster::start(loopback(), MESSAGE_BYTES, None).await?, None));
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let c0 = counter.load(Ordering::Relaxed);
-    let t0 = Instant::now();
-    tokio::time::sleep(window).await;
-    let rate = (counter.load(Ordering::Relaxed) - c0) as f64 / t0.elapsed().as_secs_f64();
-    stop.cancel();
-    for t in tasks {
-        let _ = t.await;
+    let (certified, key) = self_signed(&["127.0.0.1"]);
+    let ca = bed.log_dir.join("throughput-ca.pem");
+    std::fs::write(&ca, certified.cert.pem())?;
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(vec![certified.cert.der().clone()], key)?;
+    let blaster = Blaster::start(loopback(), MESSAGE_BYTES, Some(config.into())).await?;
+    Ok((blaster, Some(ca)))
+}
+
+/// The measured process gets the last CPU this process may use, and this
+/// process (upstream, sink, store) the others, for as long as this lives.
+/// With one CPU, or without `taskset`, nothing is pinned (`measured: None`).
+struct Pins {
+    measured: Option<usize>,
+    all: String,
+}
+
+impl Pins {
+    fn take() -> anyhow::Result<Self> {
+        let status = std::fs::read_to_string("/proc/self/status")?;
+        let all = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|l| l.trim().to_string())
+            .unwrap_or_default();
+        let cpus = cpu_list(&all);
+        let taskset = std::process::Command::new("taskset")
+            .arg("-V")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        let (Some((&measured, rest)), true) = (cpus.split_last(), taskset) else {
+            return Ok(Self {
+                measured: None,
+                all,
+            });
+        };
+        if rest.is_empty() {
+            return Ok(Self {
+                measured: None,
+                all,
+            });
+        }
+        let others: Vec<String> = rest.iter().map(usize::to_string).collect();
+        set_affinity(&others.join(","))?;
+        Ok(Self {
+            measured: Some(measured),
+            all,
+        })
     }
-    Ok(rate)
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        if self.measured.is_some() {
+            let _ = set_affinity(&self.all);
+        }
+    }
+}
+
+/// Every thread of this process onto `cpus` (threads started later inherit it).
+fn set_affinity(cpus: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new("taskset")
+        .args(["-a", "-cp", cpus, &std::process::id().to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    anyhow::ensure!(status.success(), "taskset -a -cp {cpus} failed");
+    Ok(())
+}
+
+/// `0-3,6` → [0, 1, 2, 3, 6].
+fn cpu_list(list: &str) -> Vec<usize> {
+    list.split(',')
+        .filter_map(|part| match part.trim().split_once('-') {
+            Some((a, b)) => Some((a.parse().ok()?..=b.parse().ok()?).collect::<Vec<_>>()),
+            None => part.trim().parse().ok().map(|c| vec![c]),
+        })
+        .flatten()
+        .collect()
 }
