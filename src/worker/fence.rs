@@ -14,8 +14,10 @@
 //! sink delivery and every backoff sleep is raced against it, in every state
 //! (serving, draining, handing over, stopping).
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio::task::AbortHandle;
 use tokio::time::{Instant, sleep_until};
 
 /// The fence of one worker incarnation.
@@ -24,6 +26,22 @@ pub struct Fence {
     window: Duration,
     /// `None` once revoked (the incarnation was declared dead): never valid again.
     deadline: watch::Sender<Option<Instant>>,
+    /// Whether the fence is closed, as its watcher last saw it: what
+    /// [`Fence::closed`] waits on. It changes only when the fence closes or
+    /// reopens, so a renewal (which moves the deadline) wakes one task, the
+    /// watcher, instead of every session and holder of the worker, and each
+    /// waiter holds a channel receiver instead of a timer of its own.
+    shut: Arc<watch::Sender<bool>>,
+    /// The watcher task, started by the first wait.
+    watcher: OnceLock<AbortHandle>,
+}
+
+impl Drop for Fence {
+    fn drop(&mut self) {
+        if let Some(w) = self.watcher.get() {
+            w.abort();
+        }
+    }
 }
 
 impl Fence {
@@ -32,6 +50,8 @@ impl Fence {
         Self {
             window,
             deadline: watch::Sender::new(Some(sent_at + window)),
+            shut: Arc::new(watch::Sender::new(false)),
+            watcher: OnceLock::new(),
         }
     }
 
@@ -66,18 +86,22 @@ impl Fence {
         self.deadline().unwrap_or_else(Instant::now)
     }
 
-    /// Resolves once the fence has closed (at once if it is closed).
+    /// Resolves once the fence has closed (at once if it is closed). The
+    /// answer is always checked against the deadline itself: the watcher only
+    /// says when to look again, so its lag can neither close a valid fence
+    /// nor keep a closed one open past the next look.
     pub async fn closed(&self) {
-        let mut rx = self.deadline.subscribe();
+        self.watcher.get_or_init(|| {
+            tokio::spawn(watch_deadline(self.deadline.subscribe(), self.shut.clone()))
+                .abort_handle()
+        });
+        let mut shut = self.shut.subscribe();
         loop {
-            let deadline = *rx.borrow_and_update();
-            let Some(deadline) = deadline else { return };
-            if Instant::now() >= deadline {
+            if !self.is_valid() {
                 return;
             }
-            tokio::select! {
-                _ = sleep_until(deadline) => {}
-                changed = rx.changed() => if changed.is_err() { return },
+            if shut.changed().await.is_err() {
+                return;
             }
         }
     }
@@ -93,6 +117,31 @@ impl Fence {
             if rx.changed().await.is_err() {
                 std::future::pending::<()>().await;
             }
+        }
+    }
+}
+
+/// The watcher: keeps `shut` equal to "the deadline has passed or the fence
+/// was revoked", waking at the deadline and whenever it moves.
+async fn watch_deadline(
+    mut deadline: watch::Receiver<Option<Instant>>,
+    shut: Arc<watch::Sender<bool>>,
+) {
+    loop {
+        let current = *deadline.borrow_and_update();
+        let closed = current.is_none_or(|d| Instant::now() >= d);
+        shut.send_if_modified(|s| std::mem::replace(s, closed) != closed);
+        let moved = match current {
+            // Revoked: never valid again, nothing more to watch.
+            None => return,
+            Some(d) if !closed => tokio::select! {
+                _ = sleep_until(d) => Ok(()),
+                moved = deadline.changed() => moved,
+            },
+            Some(_) => deadline.changed().await,
+        };
+        if moved.is_err() {
+            return;
         }
     }
 }
@@ -190,6 +239,55 @@ mod tests {
         assert!(!reopened.is_finished());
         fence.confirm(Instant::now());
         reopened.await.unwrap();
+    }
+
+    /// Renewals move the deadline every heartbeat; a worker's thousands of
+    /// sessions and holders wait on `closed()`, and none of them may be woken
+    /// by a renewal (each wake-up is work times ten thousand).
+    #[tokio::test(start_paused = true)]
+    async fn renewals_do_not_wake_what_waits_for_the_fence_to_close() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let fence = std::sync::Arc::new(Fence::new(Duration::from_secs(10), Instant::now()));
+        let polls = std::sync::Arc::new(AtomicUsize::new(0));
+        let waiter = tokio::spawn({
+            let (fence, polls) = (fence.clone(), polls.clone());
+            async move {
+                let mut closed = std::pin::pin!(fence.closed());
+                std::future::poll_fn(|cx| {
+                    polls.fetch_add(1, Ordering::Relaxed);
+                    closed.as_mut().poll(cx)
+                })
+                .await;
+                Instant::now()
+            }
+        });
+        let started = Instant::now();
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            fence.confirm(Instant::now());
+        }
+        let closed_at = waiter.await.unwrap();
+        assert_eq!(closed_at - started, Duration::from_secs(15));
+        assert!(
+            polls.load(Ordering::Relaxed) <= 3,
+            "woken {} times by 100 renewals",
+            polls.load(Ordering::Relaxed)
+        );
+    }
+
+    /// A fence that closed and was reopened by a late renewal: a wait that
+    /// starts before the watcher has seen the renewal does not end at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_on_a_reopened_fence_lasts_until_the_new_deadline() {
+        let fence = std::sync::Arc::new(Fence::new(Duration::from_secs(10), Instant::now()));
+        let started = Instant::now();
+        fence.closed().await;
+        assert_eq!(Instant::now() - started, Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        fence.confirm(Instant::now());
+        assert!(fence.is_valid());
+        fence.closed().await;
+        assert_eq!(Instant::now() - started, Duration::from_secs(22));
     }
 
     #[test]

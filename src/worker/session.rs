@@ -155,126 +155,138 @@ impl Sessions for WebSocketSessions {
 }
 
 /// Runs the session until it is stopped, aborted, fenced, or refused for good.
-pub async fn run(
+// Not an async fn on purpose (an async fn keeps its arguments twice):
+// clippy's suggestion would undo it.
+#[allow(clippy::manual_async_fn)]
+pub fn run(
     cfg: SessionConfig,
     progress: Arc<StreamProgress>,
     deps: Arc<SessionDeps>,
     ctl: SessionControl,
-) -> SessionEnd {
-    // Boxed: a name lookup's state is only needed before the first connect.
-    if let Err(message) = Box::pin(sink_allowed(&cfg.spec, &cfg.key.namespace, &deps)).await {
-        deps.metrics
-            .session_errors
-            .get_or_create(&[("kind", "sink_policy")])
-            .inc();
-        tracing::warn!(stream = %cfg.key, %message, "sink refused by host policy; not connecting");
-        progress.update_status(|s| {
-            s.phase = Phase::Failed;
-            s.reason = Some("SinkNotAllowed".into());
-            s.message = Some(message.clone());
-            s.connected_since_ms = None;
-        });
-        return SessionEnd::Failed(message);
-    }
-    let sink = Sink::from_spec(&cfg.spec.sink, &cfg.key.namespace, &deps.sinks);
-    let mut attempt = 0u32;
-    loop {
-        if ctl.abort.is_cancelled() {
-            return SessionEnd::Aborted;
+) -> impl Future<Output = SessionEnd> + Send {
+    // An `async` block, not an `async fn`, so the arguments are kept once
+    // (an async fn keeps them as passed and again as locals).
+    async move {
+        // Boxed: a name lookup's state is only needed before the first connect.
+        if let Err(message) = Box::pin(sink_allowed(&cfg.spec, &cfg.key.namespace, &deps)).await {
+            deps.metrics
+                .session_errors
+                .get_or_create(&[("kind", "sink_policy")])
+                .inc();
+            tracing::warn!(stream = %cfg.key, %message, "sink refused by host policy; not connecting");
+            progress.update_status(|s| {
+                s.phase = Phase::Failed;
+                s.reason = Some("SinkNotAllowed".into());
+                s.message = Some(message.clone());
+                s.connected_since_ms = None;
+            });
+            return SessionEnd::Failed(message);
         }
-        if ctl.stop.is_cancelled() {
-            return SessionEnd::Stopped;
-        }
-        if !deps.fence.is_valid() {
-            return SessionEnd::Fenced;
-        }
-        let checkpoint = progress.acked();
-        progress.update_status(|s| s.phase = Phase::Connecting);
-        let url = resume_url(&cfg.spec.url, cfg.spec.initial_url.as_deref(), checkpoint);
-        let host = url::Url::parse(&url)
-            .ok()
-            .and_then(|u| u.host_str().map(str::to_string))
-            .unwrap_or_default();
-        if let Some(at) = deps.dialer.connect_limit.reserve(&host)
-            && at > Instant::now()
-        {
-            deps.metrics.connects_paced.inc();
+        let sink = Sink::from_spec(&cfg.spec.sink, &cfg.key.namespace, &deps.sinks);
+        let mut attempt = 0u32;
+        loop {
+            if ctl.abort.is_cancelled() {
+                return SessionEnd::Aborted;
+            }
+            if ctl.stop.is_cancelled() {
+                return SessionEnd::Stopped;
+            }
+            if !deps.fence.is_valid() {
+                return SessionEnd::Fenced;
+            }
+            let checkpoint = progress.acked();
+            progress.update_status(|s| s.phase = Phase::Connecting);
+            let url = resume_url(&cfg.spec.url, cfg.spec.initial_url.as_deref(), checkpoint);
+            let host = url::Url::parse(&url)
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_string))
+                .unwrap_or_default();
+            if let Some(at) = deps.dialer.connect_limit.reserve(&host)
+                && at > Instant::now()
+            {
+                deps.metrics.connects_paced.inc();
+                tokio::select! {
+                    _ = sleep_until(at) => {}
+                    _ = ctl.abort.cancelled() => return SessionEnd::Aborted,
+                    _ = ctl.stop.cancelled() => return SessionEnd::Stopped,
+                    _ = deps.fence.closed() => return SessionEnd::Fenced,
+                }
+            }
+            let connected = tokio::select! {
+                // Boxed: TLS and handshake state is large and only needed while connecting.
+                r = timeout(CONNECT_TIMEOUT, Box::pin(deps.dialer.dial(&cfg.key, &cfg.spec, &url).instrument(
+                    tracing::info_span!("connect", host = %host, resume_from = checkpoint.map(|c| c as i64).unwrap_or(-1))
+                ))) => r.unwrap_or(Err(ConnectError::Timeout)),
+                _ = ctl.abort.cancelled() => return SessionEnd::Aborted,
+                _ = ctl.stop.cancelled() => return SessionEnd::Stopped,
+                _ = deps.fence.closed() => return SessionEnd::Fenced,
+            };
+            // The socket stays here, and the session's read loop borrows it: moved
+            // into the loop it was kept twice for the session's whole life.
+            let mut connected = connected;
+            let (kind, reason, message) = match &mut connected {
+                Ok(ws) => {
+                    let started = Instant::now();
+                    progress.update_status(|s| {
+                        s.phase = Phase::Connected;
+                        s.reason = None;
+                        s.message = None;
+                        s.connected_since_ms = Some(now_ms());
+                    });
+                    tracing::info!(stream = %cfg.key, token = cfg.token, checkpoint = ?checkpoint, "session connected");
+                    let active = ActiveGuard::new(&deps.metrics);
+                    let end = pump(ws, &cfg, &progress, &deps, &sink, &ctl, checkpoint).await;
+                    drop(active);
+                    match end {
+                        PumpEnd::Ended(end) => return end,
+                        PumpEnd::Disconnected { kind, message } => {
+                            if started.elapsed() >= STABLE_SESSION {
+                                attempt = 0;
+                            }
+                            (kind, "Disconnected", message)
+                        }
+                    }
+                }
+                Err(e) if e.is_permanent() => {
+                    let message = e.message();
+                    deps.metrics
+                        .session_errors
+                        .get_or_create(&[("kind", e.kind())])
+                        .inc();
+                    tracing::warn!(stream = %cfg.key, %message, "stream refused by host policy; not dialling");
+                    progress.update_status(|s| {
+                        s.phase = Phase::Failed;
+                        s.reason = Some(e.reason().into());
+                        s.message = Some(message.clone());
+                        s.connected_since_ms = None;
+                    });
+                    return SessionEnd::Failed(message);
+                }
+                Err(e) => (e.kind(), e.reason(), e.message()),
+            };
+            // Closed before the backoff, as when the read loop owned it.
+            drop(connected);
+            deps.metrics
+                .session_errors
+                .get_or_create(&[("kind", kind)])
+                .inc();
+            deps.metrics.reconnects.inc();
+            let delay = RECONNECT_BACKOFF.delay(attempt);
+            attempt = attempt.saturating_add(1);
+            tracing::warn!(stream = %cfg.key, kind, %message, retry_in = ?delay, "session ended; reconnecting");
+            progress.update_status(|s| {
+                s.phase = Phase::Backoff;
+                s.reason = Some(reason.into());
+                s.message = Some(message.clone());
+                s.connected_since_ms = None;
+                s.reconnects += 1;
+            });
             tokio::select! {
-                _ = sleep_until(at) => {}
+                _ = tokio::time::sleep(delay) => {}
                 _ = ctl.abort.cancelled() => return SessionEnd::Aborted,
                 _ = ctl.stop.cancelled() => return SessionEnd::Stopped,
                 _ = deps.fence.closed() => return SessionEnd::Fenced,
             }
-        }
-        let connected = tokio::select! {
-            // Boxed: TLS and handshake state is large and only needed while connecting.
-            r = timeout(CONNECT_TIMEOUT, Box::pin(deps.dialer.dial(&cfg.key, &cfg.spec, &url).instrument(
-                tracing::info_span!("connect", host = %host, resume_from = checkpoint.map(|c| c as i64).unwrap_or(-1))
-            ))) => r.unwrap_or(Err(ConnectError::Timeout)),
-            _ = ctl.abort.cancelled() => return SessionEnd::Aborted,
-            _ = ctl.stop.cancelled() => return SessionEnd::Stopped,
-            _ = deps.fence.closed() => return SessionEnd::Fenced,
-        };
-        let (kind, reason, message) = match connected {
-            Ok(ws) => {
-                let started = Instant::now();
-                progress.update_status(|s| {
-                    s.phase = Phase::Connected;
-                    s.reason = None;
-                    s.message = None;
-                    s.connected_since_ms = Some(now_ms());
-                });
-                tracing::info!(stream = %cfg.key, token = cfg.token, checkpoint = ?checkpoint, "session connected");
-                let active = ActiveGuard::new(&deps.metrics);
-                let end = pump(ws, &cfg, &progress, &deps, &sink, &ctl, checkpoint).await;
-                drop(active);
-                match end {
-                    PumpEnd::Ended(end) => return end,
-                    PumpEnd::Disconnected { kind, message } => {
-                        if started.elapsed() >= STABLE_SESSION {
-                            attempt = 0;
-                        }
-                        (kind, "Disconnected", message)
-                    }
-                }
-            }
-            Err(e) if e.is_permanent() => {
-                let message = e.message();
-                deps.metrics
-                    .session_errors
-                    .get_or_create(&[("kind", e.kind())])
-                    .inc();
-                tracing::warn!(stream = %cfg.key, %message, "stream refused by host policy; not dialling");
-                progress.update_status(|s| {
-                    s.phase = Phase::Failed;
-                    s.reason = Some(e.reason().into());
-                    s.message = Some(message.clone());
-                    s.connected_since_ms = None;
-                });
-                return SessionEnd::Failed(message);
-            }
-            Err(e) => (e.kind(), e.reason(), e.message()),
-        };
-        deps.metrics
-            .session_errors
-            .get_or_create(&[("kind", kind)])
-            .inc();
-        deps.metrics.reconnects.inc();
-        let delay = RECONNECT_BACKOFF.delay(attempt);
-        attempt = attempt.saturating_add(1);
-        tracing::warn!(stream = %cfg.key, kind, %message, retry_in = ?delay, "session ended; reconnecting");
-        progress.update_status(|s| {
-            s.phase = Phase::Backoff;
-            s.reason = Some(reason.into());
-            s.message = Some(message.clone());
-            s.connected_since_ms = None;
-            s.reconnects += 1;
-        });
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = ctl.abort.cancelled() => return SessionEnd::Aborted,
-            _ = ctl.stop.cancelled() => return SessionEnd::Stopped,
-            _ = deps.fence.closed() => return SessionEnd::Fenced,
         }
     }
 }
@@ -314,7 +326,7 @@ async fn sink_allowed(
 
 /// Reads messages and delivers them until the session ends.
 async fn pump(
-    mut ws: Ws,
+    ws: &mut Ws,
     cfg: &SessionConfig,
     progress: &StreamProgress,
     deps: &SessionDeps,
@@ -375,19 +387,19 @@ async fn pump(
         tokio::select! {
             biased;
             _ = &mut aborted => {
-                Box::pin(close(&mut ws, CloseCode::Away)).await;
+                Box::pin(close(ws, CloseCode::Away)).await;
                 return PumpEnd::Ended(SessionEnd::Aborted);
             }
             _ = &mut fenced => {
                 // Nothing more may be delivered: drop the batch (it will be
                 // replayed from the checkpoint) and close at once.
-                Box::pin(close(&mut ws, CloseCode::Away)).await;
+                Box::pin(close(ws, CloseCode::Away)).await;
                 return PumpEnd::Ended(SessionEnd::Fenced);
             }
             _ = &mut stopped => {
                 let flushed = Box::pin(delivery.deliver(&mut intake.batch)).await;
                 let code = if flushed.is_ok() { CloseCode::Normal } else { CloseCode::Away };
-                Box::pin(close(&mut ws, code)).await;
+                Box::pin(close(ws, code)).await;
                 return PumpEnd::Ended(flushed.map_or_else(SessionEnd::from, |()| SessionEnd::Stopped));
             }
             _ = &mut linger_timer, if lingering => flush_now = true,
@@ -427,7 +439,7 @@ async fn pump(
         // in hand, and delivering it saves a replay.
         if (flush_now || ended.is_some()) && !intake.batch.is_empty() {
             if let Err(u) = Box::pin(delivery.deliver(&mut intake.batch)).await {
-                Box::pin(close(&mut ws, CloseCode::Away)).await;
+                Box::pin(close(ws, CloseCode::Away)).await;
                 return PumpEnd::Ended(u.into());
             }
             lingering = false;
@@ -435,7 +447,7 @@ async fn pump(
             last_heard = Instant::now();
         }
         if let Some(end) = ended {
-            Box::pin(close(&mut ws, CloseCode::Away)).await;
+            Box::pin(close(ws, CloseCode::Away)).await;
             return end;
         }
     }
