@@ -17,31 +17,26 @@ pub use log::LogSink;
 pub use nats::{CONNECTION_HEADER, NatsSink, SEQ_HEADER, TOKEN_HEADER, WORKER_HEADER};
 
 use crate::crd::SinkSpec;
-use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 
 /// One message read from an upstream.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
     pub seq: u64,
     /// The text as it arrived, sharing the frame's buffer: nothing is copied
     /// between the socket and the sink's encoder.
-    #[serde(serialize_with = "text")]
     pub data: Text,
 }
 
 /// Message text: UTF-8 in shared bytes (tungstenite's own text type).
 pub use tokio_tungstenite::tungstenite::Utf8Bytes as Text;
 
-fn text<S: serde::Serializer>(t: &Text, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(t.as_str())
-}
-
 /// The payload every sink receives. `token` is the lease's fencing token, so a
-/// sink can reject deliveries from an owner that has been superseded.
-#[derive(Debug, Serialize)]
+/// sink can reject deliveries from an owner that has been superseded. Its
+/// JSON is written by `encode`.
+#[derive(Debug)]
 pub struct Batch<'a> {
     pub connection: &'a str,
     pub worker: &'a str,

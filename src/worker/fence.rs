@@ -14,7 +14,7 @@
 //! sink delivery and every backoff sleep is raced against it, in every state
 //! (serving, draining, handing over, stopping).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -27,11 +27,12 @@ pub struct Fence {
     /// `None` once revoked (the incarnation was declared dead): never valid again.
     deadline: watch::Sender<Option<Instant>>,
     /// Whether the fence is closed, as its watcher last saw it: what
-    /// [`Fence::closed`] waits on. It changes only when the fence closes or
-    /// reopens, so a renewal (which moves the deadline) wakes one task, the
-    /// watcher, instead of every session and holder of the worker, and each
-    /// waiter holds a channel receiver instead of a timer of its own.
-    shut: Arc<watch::Sender<bool>>,
+    /// [`Fence::closed`] and [`Fence::open`] wait on. It changes only when
+    /// the fence closes or reopens, so a renewal (which moves the deadline)
+    /// wakes one task, the watcher, instead of every session and holder of
+    /// the worker, and each waiter holds a channel receiver instead of a
+    /// timer of its own.
+    shut: watch::Sender<bool>,
     /// The watcher task, started by the first wait.
     watcher: OnceLock<AbortHandle>,
 }
@@ -50,7 +51,7 @@ impl Fence {
         Self {
             window,
             deadline: watch::Sender::new(Some(sent_at + window)),
-            shut: Arc::new(watch::Sender::new(false)),
+            shut: watch::Sender::new(false),
             watcher: OnceLock::new(),
         }
     }
@@ -86,47 +87,37 @@ impl Fence {
         self.deadline().unwrap_or_else(Instant::now)
     }
 
-    /// Resolves once the fence has closed (at once if it is closed). The
-    /// answer is always checked against the deadline itself: the watcher only
-    /// says when to look again, so its lag can neither close a valid fence
-    /// nor keep a closed one open past the next look.
+    /// Resolves once the fence has closed (at once if it is closed).
     pub async fn closed(&self) {
-        self.watcher.get_or_init(|| {
-            tokio::spawn(watch_deadline(self.deadline.subscribe(), self.shut.clone()))
-                .abort_handle()
-        });
-        let mut shut = self.shut.subscribe();
-        loop {
-            if !self.is_valid() {
-                return;
-            }
-            if shut.changed().await.is_err() {
-                return;
-            }
-        }
+        self.wait_until(|fence| !fence.is_valid()).await;
     }
 
     /// Resolves once the fence is open (at once if it is). Never resolves
     /// after a revocation.
     pub async fn open(&self) {
-        let mut rx = self.deadline.subscribe();
-        loop {
-            if self.is_valid() {
-                return;
-            }
-            if rx.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
+        self.wait_until(Fence::is_valid).await;
+    }
+
+    /// Waits until `done` holds. `done` is always asked of the deadline itself:
+    /// the watcher only says when to ask again (when the fence closed or
+    /// reopened), so its lag can neither end a wait early nor make one miss
+    /// the change it waits for.
+    async fn wait_until(&self, done: impl Fn(&Self) -> bool) {
+        self.watcher.get_or_init(|| {
+            tokio::spawn(watch_deadline(self.deadline.subscribe(), self.shut.clone()))
+                .abort_handle()
+        });
+        let mut shut = self.shut.subscribe();
+        while !done(self) {
+            // `self` owns the sender, so the channel cannot close under us.
+            let _ = shut.changed().await;
         }
     }
 }
 
 /// The watcher: keeps `shut` equal to "the deadline has passed or the fence
 /// was revoked", waking at the deadline and whenever it moves.
-async fn watch_deadline(
-    mut deadline: watch::Receiver<Option<Instant>>,
-    shut: Arc<watch::Sender<bool>>,
-) {
+async fn watch_deadline(mut deadline: watch::Receiver<Option<Instant>>, shut: watch::Sender<bool>) {
     loop {
         let current = *deadline.borrow_and_update();
         let closed = current.is_none_or(|d| Instant::now() >= d);

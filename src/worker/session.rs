@@ -212,7 +212,9 @@ pub fn run(
                     _ = deps.fence.closed() => return SessionEnd::Fenced,
                 }
             }
-            let connected = tokio::select! {
+            // The socket stays here, and the session's read loop borrows it: moved
+            // into the loop it was kept twice for the session's whole life.
+            let mut connected = tokio::select! {
                 // Boxed: TLS and handshake state is large and only needed while connecting.
                 r = timeout(CONNECT_TIMEOUT, Box::pin(deps.dialer.dial(&cfg.key, &cfg.spec, &url).instrument(
                     tracing::info_span!("connect", host = %host, resume_from = checkpoint.map(|c| c as i64).unwrap_or(-1))
@@ -221,9 +223,6 @@ pub fn run(
                 _ = ctl.stop.cancelled() => return SessionEnd::Stopped,
                 _ = deps.fence.closed() => return SessionEnd::Fenced,
             };
-            // The socket stays here, and the session's read loop borrows it: moved
-            // into the loop it was kept twice for the session's whole life.
-            let mut connected = connected;
             let (kind, reason, message) = match &mut connected {
                 Ok(ws) => {
                     let started = Instant::now();
