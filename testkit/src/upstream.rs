@@ -29,6 +29,19 @@ pub async fn start(listen: SocketAddr, rate: u32) -> std::io::Result<Feed> {
     .await
 }
 
+/// A TLS server configuration for a test upstream with this certificate
+/// chain and key (DER).
+pub fn server_config(
+    chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+    key: rustls::pki_types::PrivateKeyDer<'static>,
+) -> std::io::Result<Arc<rustls::ServerConfig>> {
+    rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
+        .map(Arc::new)
+        .map_err(std::io::Error::other)
+}
+
 /// The same feed over TLS with this certificate chain and key (DER).
 pub struct TlsUpstream {
     pub feed: Feed,
@@ -49,13 +62,7 @@ impl TlsUpstream {
         chain: Vec<rustls::pki_types::CertificateDer<'static>>,
         key: rustls::pki_types::PrivateKeyDer<'static>,
     ) -> std::io::Result<Self> {
-        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
-        .map_err(std::io::Error::other)?;
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let acceptor = tokio_rustls::TlsAcceptor::from(server_config(chain, key)?);
         let listener = TcpListener::bind(listen).await?;
         let feed = Feed::detached(listener.local_addr()?, options);
         let serving = feed.handle();

@@ -95,3 +95,72 @@ fn count(
     }
     std::future::ready(())
 }
+
+/// The bench's side of a `bench bare-sessions` process: a line asked on its
+/// stdin, a line answered on its stdout.
+pub struct BareClient {
+    child: tokio::process::Child,
+    stdin: tokio::sync::Mutex<tokio::process::ChildStdin>,
+    lines: tokio::sync::Mutex<tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>>,
+}
+
+impl BareClient {
+    /// Starts the client for `template` (trusting `ca` for `wss://`), on
+    /// `cpu` alone when given (`taskset`).
+    pub fn spawn(template: &str, ca: Option<&str>, cpu: Option<usize>) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let exe = std::env::current_exe()?;
+        let mut cmd = match cpu {
+            Some(cpu) => {
+                let mut c = tokio::process::Command::new("taskset");
+                c.arg("-c").arg(cpu.to_string()).arg(exe);
+                c
+            }
+            None => tokio::process::Command::new(exe),
+        };
+        cmd.arg("bare-sessions").arg(template);
+        if let Some(ca) = ca {
+            cmd.arg(ca);
+        }
+        let mut child = cmd
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdin = child.stdin.take().context("bare client stdin")?;
+        let stdout = child.stdout.take().context("bare client stdout")?;
+        Ok(Self {
+            child,
+            stdin: tokio::sync::Mutex::new(stdin),
+            lines: tokio::sync::Mutex::new(tokio::io::BufReader::new(stdout).lines()),
+        })
+    }
+
+    pub fn pid(&self) -> anyhow::Result<u32> {
+        anyhow::Context::context(self.child.id(), "bare client pid")
+    }
+
+    /// Opens sessions up to `target` in one burst and waits until all are open.
+    pub async fn open(&self, target: usize) -> anyhow::Result<()> {
+        let answer = self.ask(&target.to_string()).await?;
+        anyhow::ensure!(answer == format!("open {target}"), "bare client: {answer}");
+        Ok(())
+    }
+
+    /// Text messages read so far, over all sessions.
+    pub async fn count(&self) -> anyhow::Result<u64> {
+        let answer = self.ask("count").await?;
+        anyhow::Context::with_context(
+            answer.strip_prefix("count ").and_then(|c| c.parse().ok()),
+            || format!("bare client: {answer}"),
+        )
+    }
+
+    async fn ask(&self, line: &str) -> anyhow::Result<String> {
+        let mut stdin = self.stdin.lock().await;
+        stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        stdin.flush().await?;
+        let answer = self.lines.lock().await.next_line().await?;
+        Ok(answer.unwrap_or_default())
+    }
+}

@@ -5,6 +5,7 @@
 //! growth over its baseline, three runs each, next to a bare tokio-tungstenite
 //! (+ tokio-rustls) client process with the same buffer settings (the floor).
 
+use crate::bare::BareClient;
 use crate::{Ctx, round2};
 use anyhow::Context;
 use serde_json::{Value, json};
@@ -14,7 +15,6 @@ use tether_testkit::bed::{Bed, BedOptions, loopback, rss_kib};
 use tether_testkit::fixtures::log_spec;
 use tether_testkit::fleet::{FleetConfig, metric_sum};
 use tether_testkit::upstream::{FeedOptions, TlsUpstream, self_signed};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 /// Upserts in flight while applying many streams.
@@ -130,30 +130,13 @@ async fn one_run(ctx: &Ctx, scheme: &str, client: Client) -> anyhow::Result<Vec<
         }
         Client::Bare => {
             let template = url("{name}").replace("{last_seq}", "0");
-            let exe = std::env::current_exe()?;
-            let mut cmd = tokio::process::Command::new(exe);
-            cmd.arg("bare-sessions").arg(&template);
-            if let Some(ca) = &ca {
-                cmd.arg(ca);
-            }
-            let mut child = cmd
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .kill_on_drop(true)
-                .spawn()?;
-            let mut stdin = child.stdin.take().context("bare client stdin")?;
-            let mut lines =
-                tokio::io::BufReader::new(child.stdout.take().context("bare client stdout")?)
-                    .lines();
+            let client = BareClient::spawn(&template, ca.as_deref(), None)?;
             tokio::time::sleep(Duration::from_secs(1)).await;
-            let pid = child.id().context("bare client pid")?;
+            let pid = client.pid()?;
             let baseline = rss_kib(pid).context("reading VmRSS")?;
             for &target in &ctx.profile.session_steps {
                 let started = Instant::now();
-                stdin.write_all(format!("{target}\n").as_bytes()).await?;
-                stdin.flush().await?;
-                let answer = lines.next_line().await?.unwrap_or_default();
-                anyhow::ensure!(answer == format!("open {target}"), "bare client: {answer}");
+                client.open(target).await?;
                 let connect = started.elapsed();
                 tokio::time::sleep(settle(ctx)).await;
                 steps.push(measure(scheme, target, pid, baseline, None, connect).await?);

@@ -9,17 +9,18 @@
 //! process) share the others. Its CPU use (≈ 1 core) and the load
 //! generator's are reported, so a run where the generator was the limit shows.
 
+use crate::bare::BareClient;
+use crate::sessions::idle_bed;
 use crate::{Ctx, round2};
 use anyhow::Context;
 use serde_json::{Value, json};
 use std::time::Duration;
 use tether::crd::StreamConnectionSpec;
-use tether_testkit::bed::{Bed, BedOptions, loopback, names};
+use tether_testkit::bed::{Bed, loopback, names};
 use tether_testkit::blaster::Blaster;
 use tether_testkit::fleet::metric_value;
 use tether_testkit::sink::CountingSink;
-use tether_testkit::upstream::self_signed;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tether_testkit::upstream::{self_signed, server_config};
 use tokio::time::Instant;
 
 /// Bytes per upstream message (a small JSON event: telemetry, a quote).
@@ -70,14 +71,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
 /// tether: `sessions` streams on one worker, the HTTP sink counting what it
 /// acknowledged.
 async fn forwarding(ctx: &Ctx, scheme: &str, pins: &Pins) -> anyhow::Result<Value> {
-    let bed = Bed::start(
-        ctx.exe.clone(),
-        BedOptions {
-            rate: 0,
-            ..BedOptions::default()
-        },
-    )
-    .await?;
+    let bed = idle_bed(ctx).await?;
     let (blaster, ca) = blaster(&bed, scheme).await?;
     let sink = CountingSink::start(loopback()).await?;
     let n = ctx.profile.throughput_sessions;
@@ -131,71 +125,13 @@ async fn forwarding(ctx: &Ctx, scheme: &str, pins: &Pins) -> anyhow::Result<Valu
 /// The bare read loop (`bench bare-sessions`): the same sessions, counted and
 /// dropped.
 async fn bare_loop(ctx: &Ctx, scheme: &str, pins: &Pins) -> anyhow::Result<Value> {
-    let bed = Bed::start(
-        ctx.exe.clone(),
-        BedOptions {
-            rate: 0,
-            ..BedOptions::default()
-        },
-    )
-    .await?;
+    let bed = idle_bed(ctx).await?;
     let (blaster, ca) = blaster(&bed, scheme).await?;
     let template = blaster.url("{name}").replace("{last_seq}", "0");
-    let exe = std::env::current_exe()?;
-    let mut cmd = match pins.measured {
-        Some(cpu) => {
-            let mut c = tokio::process::Command::new("taskset");
-            c.arg("-c").arg(cpu.to_string()).arg(exe);
-            c
-        }
-        None => tokio::process::Command::new(exe),
-    };
-    cmd.arg("bare-sessions").arg(&template);
-    if let Some(ca) = &ca {
-        cmd.arg(ca);
-    }
-    let mut child = cmd
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let client = BareClient {
-        stdin: tokio::sync::Mutex::new(child.stdin.take().context("bare client stdin")?),
-        lines: tokio::sync::Mutex::new(
-            tokio::io::BufReader::new(child.stdout.take().context("bare client stdout")?).lines(),
-        ),
-    };
-    let ask = |line: String| client.ask(line);
-    let n = ctx.profile.throughput_sessions;
-    let answer = ask(n.to_string()).await?;
-    anyhow::ensure!(answer == format!("open {n}"), "bare client: {answer}");
-    let pid = child.id().context("bare client pid")?;
-    let figure = window(ctx, pid, || async {
-        let answer = ask("count".into()).await?;
-        answer
-            .strip_prefix("count ")
-            .and_then(|c| c.parse().ok())
-            .with_context(|| format!("bare client: {answer}"))
-    })
-    .await?;
-    drop(child);
-    Ok(figure)
-}
-
-/// The bare client's stdin and stdout: a line asked, a line answered.
-struct BareClient {
-    stdin: tokio::sync::Mutex<tokio::process::ChildStdin>,
-    lines: tokio::sync::Mutex<tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>>,
-}
-
-impl BareClient {
-    async fn ask(&self, line: String) -> anyhow::Result<String> {
-        let mut stdin = self.stdin.lock().await;
-        stdin.write_all(format!("{line}\n").as_bytes()).await?;
-        stdin.flush().await?;
-        let answer = self.lines.lock().await.next_line().await?;
-        Ok(answer.unwrap_or_default())
-    }
+    let ca = ca.map(|p| p.display().to_string());
+    let client = BareClient::spawn(&template, ca.as_deref(), pins.measured)?;
+    client.open(ctx.profile.throughput_sessions).await?;
+    window(ctx, client.pid()?, || client.count()).await
 }
 
 /// Messages counted over the profile's window after a warm-up, against the
@@ -234,13 +170,8 @@ async fn blaster(bed: &Bed, scheme: &str) -> anyhow::Result<(Blaster, Option<std
     let (certified, key) = self_signed(&["127.0.0.1"]);
     let ca = bed.log_dir.join("throughput-ca.pem");
     std::fs::write(&ca, certified.cert.pem())?;
-    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_no_client_auth()
-    .with_single_cert(vec![certified.cert.der().clone()], key)?;
-    let blaster = Blaster::start(loopback(), MESSAGE_BYTES, Some(config.into())).await?;
+    let config = server_config(vec![certified.cert.der().clone()], key)?;
+    let blaster = Blaster::start(loopback(), MESSAGE_BYTES, Some(config)).await?;
     Ok((blaster, Some(ca)))
 }
 
