@@ -158,8 +158,11 @@ async fn sigterm_while_dynamodb_hangs_stops_every_session_within_a_second() {
     )
     .await;
     // The draining announcement cannot land: it must not hold up the stops.
+    // Neither may a status write: each holder writes "connected" at most a
+    // second after its previous write, so by now every holder is waiting on
+    // a write that hangs (for the store's whole call deadline).
     proxy.set(DynamoFault::Blackhole);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     let started = tokio::time::Instant::now();
     victim.signal(Signal::SIGTERM).unwrap();
     eventually(

@@ -331,11 +331,50 @@ fn hung_up(socket: &std::os::fd::OwnedFd) -> bool {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::os::fd::AsFd;
     // Linux's POLLRDHUP (the peer shut down its writing half), which nix does
-    // not name.
+    // not name. Only it is asked for, and the kernel adds POLLHUP and POLLERR
+    // on its own, so any event at all means the client is gone. The count is
+    // what is read: nix's `revents()` is `None` whenever a flag it does not
+    // name is set, which is exactly the case here.
     let rdhup = PollFlags::from_bits_retain(0x2000);
     let mut fds = [PollFd::new(socket.as_fd(), rdhup)];
     matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0)
-        && fds[0]
-            .revents()
-            .is_some_and(|r| r.intersects(rdhup | PollFlags::POLLHUP | PollFlags::POLLERR))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+
+    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        (client, server)
+    }
+
+    /// What orders a session's close before its successor's open: a client
+    /// that closed cleanly (FIN) or with unread data (reset) reads as gone.
+    #[test]
+    fn a_client_that_closed_reads_as_hung_up_and_a_live_one_does_not() {
+        for unread in [false, true] {
+            let (mut client, mut server) = pair();
+            let probe = server.as_fd().try_clone_to_owned().unwrap();
+            server.write_all(b"for the client").unwrap();
+            if !unread {
+                let mut buf = [0u8; 14];
+                client.read_exact(&mut buf).unwrap();
+            }
+            assert!(!hung_up(&probe), "a connected client is not gone");
+            drop(client);
+            let gone = std::time::Instant::now() + Duration::from_secs(2);
+            while !hung_up(&probe) {
+                assert!(
+                    std::time::Instant::now() < gone,
+                    "a client that closed (unread data: {unread}) never read as gone"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
 }

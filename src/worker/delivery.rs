@@ -9,7 +9,7 @@ use crate::lease::RetryPolicy;
 use crate::metrics::WorkerMetrics;
 use crate::sink::{Batch, Message, Sink, SinkError};
 use std::time::Duration;
-use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -77,12 +77,15 @@ impl Delivery<'_> {
                 result = tracing::field::Empty,
             );
             let attempt_span = span.clone();
+            // Raced against the fence itself, not against its deadline as it
+            // stood when the attempt began: renewals move the deadline while a
+            // slow sink answers, and an attempt cut at a deadline that has
+            // since moved would end a healthy session (and replay its batch)
+            // once per fence window.
             let result = tokio::select! {
                 // Boxed: the sink client's future only lives during a delivery.
-                r = timeout_at(self.fence.bound(), Box::pin(self.sink.deliver(&payload).instrument(attempt_span))) => match r {
-                    Ok(r) => r,
-                    Err(_) => return Err(Undelivered::Fenced),
-                },
+                r = Box::pin(self.sink.deliver(&payload).instrument(attempt_span)) => r,
+                () = self.fence.closed() => return Err(Undelivered::Fenced),
                 _ = self.abort.cancelled() => return Err(Undelivered::Aborted),
             };
             self.metrics
@@ -165,7 +168,9 @@ impl Delivery<'_> {
         let wake = Instant::now() + SINK_BACKOFF.delay(*attempt);
         *attempt = attempt.saturating_add(1);
         tokio::select! {
-            _ = sleep_until(wake.min(self.fence.bound())) => Ok(()),
+            _ = sleep_until(wake) => Ok(()),
+            // The caller's next turn finds the fence closed and gives up.
+            () = self.fence.closed() => Ok(()),
             _ = self.abort.cancelled() => Err(Undelivered::Aborted),
         }
     }
@@ -201,6 +206,93 @@ mod tests {
             }
         });
         format!("http://{addr}/")
+    }
+
+    /// A sink on a real socket that answers every request with 200, `delay` late.
+    async fn slow_sink(delay: Duration) -> String {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    // Headers, then the body (its length is in them).
+                    while let Ok(n) = socket.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        request.extend_from_slice(&buf[..n]);
+                        let text = String::from_utf8_lossy(&request).to_ascii_lowercase();
+                        if let Some(end) = text.find("\r\n\r\n") {
+                            let length = text
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .and_then(|v| v.trim().parse::<usize>().ok())
+                                .unwrap_or(0);
+                            if request.len() >= end + 4 + length {
+                                break;
+                            }
+                        }
+                    }
+                    tokio::time::sleep(delay).await;
+                    let _ = socket
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                    let _ = socket.read(&mut buf).await;
+                });
+            }
+        });
+        format!("http://{addr}/")
+    }
+
+    /// A POST slower than the fence window, while renewals keep the fence
+    /// open: the attempt lasts as long as the fence does, not as long as the
+    /// deadline did when it was sent.
+    #[tokio::test]
+    async fn a_slow_post_is_waited_for_while_renewals_keep_the_fence_open() {
+        let spec = HttpSinkSpec {
+            url: slow_sink(Duration::from_millis(900)).await,
+            max_batch_messages: 10,
+            linger_ms: 0,
+            timeout_seconds: 30,
+        };
+        crate::install_crypto_provider();
+        let sink = Sink::Http(crate::sink::HttpSink::new(reqwest::Client::new(), &spec));
+        let fence = std::sync::Arc::new(Fence::new(Duration::from_millis(300), Instant::now()));
+        let renewals = tokio::spawn({
+            let fence = fence.clone();
+            async move {
+                loop {
+                    fence.confirm(Instant::now());
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        });
+        let progress = StreamProgress::new(None, None);
+        let metrics = WorkerMetrics::default();
+        let abort = CancellationToken::new();
+        let delivery = Delivery {
+            connection: "s",
+            worker: "w",
+            token: 1,
+            sink: &sink,
+            fence: &fence,
+            progress: &progress,
+            metrics: &metrics,
+            abort: &abort,
+        };
+        let mut batch = vec![Message {
+            seq: 7,
+            data: "x".into(),
+        }];
+        let ended = tokio::time::timeout(Duration::from_secs(20), delivery.deliver(&mut batch))
+            .await
+            .expect("the delivery never ended");
+        renewals.abort();
+        assert_eq!(ended, Ok(()), "a renewed fence cut a slow POST short");
+        assert_eq!(progress.acked(), Some(7));
     }
 
     #[tokio::test]

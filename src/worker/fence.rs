@@ -82,11 +82,6 @@ impl Fence {
         *self.deadline.borrow()
     }
 
-    /// The deadline, or now when revoked: what to bound an action by.
-    pub fn bound(&self) -> Instant {
-        self.deadline().unwrap_or_else(Instant::now)
-    }
-
     /// Resolves once the fence has closed (at once if it is closed).
     pub async fn closed(&self) {
         self.wait_until(|fence| !fence.is_valid()).await;

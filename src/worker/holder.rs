@@ -15,7 +15,7 @@ use crate::lease::{
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep, sleep_until, timeout_at};
+use tokio::time::{Instant, sleep, sleep_until};
 
 /// Retry delay of a release (or a re-read) DynamoDB did not answer.
 const STORE_RETRY: Duration = Duration::from_millis(500);
@@ -279,16 +279,17 @@ impl Holder {
     async fn follow_change(&mut self, session: &mut Option<Running>) -> Option<HolderEnd> {
         let key = self.held.lease.key.clone();
         let current = loop {
+            // Interrupted: the loop acts on the shutdown or handoff first.
             match self
                 .store_call(session, Box::pin(self.ctx.store.get(&key)))
-                .await
+                .await?
             {
                 Ok(current) => break current,
                 Err(e) => {
                     tracing::warn!(stream = %key, error = %e, "cannot re-read a changed stream; retrying");
                     tokio::select! {
                         _ = sleep(STORE_RETRY) => {}
-                        _ = self.held.signals.shutdown.cancelled() => return None,
+                        () = self.leaving() => return None,
                     }
                 }
             }
@@ -341,7 +342,13 @@ impl Holder {
             .ctx
             .store
             .write_status(&self.held.lease, &status, self.record.generation);
-        match self.store_call(session, Box::pin(write)).await {
+        let Some(written) = self.store_call(session, Box::pin(write)).await else {
+            // Interrupted by a shutdown or handoff: the release that follows
+            // writes the status; this one is written again if it does not.
+            self.held.progress.status_unwritten();
+            return None;
+        };
+        match written {
             Ok(OwnerWrite::Done(())) => None,
             Ok(OwnerWrite::Lost) => {
                 tracing::warn!(stream = %self.held.lease.key, "status write found the stream no longer ours; closing the session");
@@ -369,32 +376,56 @@ impl Holder {
         tracing::warn!(stream = %self.held.lease.key, "fence closed: session closed until a renewal is confirmed");
     }
 
-    /// Awaits a store call without letting it keep a session open past the
-    /// fence: the holder's loop is not watching while it waits here (the
-    /// store may be the very thing that is unreachable), so the fence is
-    /// watched alongside and closes the session on time. The call comes
-    /// boxed: an SDK request future is kilobytes, and held inline it would
-    /// make every held stream's task that large for its whole life.
+    /// Awaits a store call without letting it hold up what the holder's loop
+    /// would have acted on: the loop is not watching while it waits here, and
+    /// the store may be the very thing that is unreachable (a call can take
+    /// its whole deadline, seconds). So the fence is watched alongside and
+    /// closes the session on time, and a shutdown or handoff ends the wait
+    /// (`None`): the caller returns to the loop, which stops and releases at
+    /// once. The abandoned call may still land; every owner write is
+    /// conditional on this lease, so once the release has landed it cannot.
+    /// The call comes boxed: an SDK request future is kilobytes, and held
+    /// inline it would make every held stream's task that large for its
+    /// whole life.
     async fn store_call<T>(
         &self,
         session: &mut Option<Running>,
         mut call: std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + '_>>,
-    ) -> T {
+    ) -> Option<T> {
         tokio::select! {
             biased;
-            done = &mut call => return done,
+            done = &mut call => return Some(done),
+            () = self.leaving() => return None,
             _ = self.deps.fence.closed(), if session.is_some() => self.fence_session(session),
         }
-        call.await
+        tokio::select! {
+            biased;
+            done = call => Some(done),
+            () = self.leaving() => None,
+        }
+    }
+
+    /// Resolves once this stream is to be released: shutdown or handoff.
+    async fn leaving(&self) {
+        let signals = &self.held.signals;
+        tokio::select! {
+            _ = signals.shutdown.cancelled() => {}
+            _ = signals.handoff.cancelled() => {}
+        }
     }
 
     /// Graceful: flush and close with a normal close frame, within `budget`
-    /// and never past the fence; then abort.
+    /// and never past the fence (the fence itself, which renewals may move
+    /// on meanwhile, not its deadline as it stood); then abort.
     async fn stop_session(&self, running: Running, budget: Duration) {
         running.ctl.stop.cancel();
-        let until = (Instant::now() + budget).min(self.deps.fence.bound());
         let mut running = running;
-        if timeout_at(until, &mut running.handle).await.is_err() {
+        let closed = tokio::select! {
+            _ = &mut running.handle => true,
+            _ = sleep(budget) => false,
+            () = self.deps.fence.closed() => false,
+        };
+        if !closed {
             tracing::warn!(stream = %self.held.lease.key, "session did not close in time; aborting it");
         }
         // Dropping aborts whatever is left.

@@ -144,7 +144,7 @@ impl Liveness {
             }
             Err(e) => {
                 metrics.renewals.get_or_create(&[("result", "error")]).inc();
-                tracing::warn!(error = %e, fenced_in = ?self.fence.bound().saturating_duration_since(Instant::now()), "renewal failed; retrying");
+                tracing::warn!(error = %e, fenced_in = ?self.fence.deadline().map(|d| d.saturating_duration_since(Instant::now())), "renewal failed; retrying");
                 Beat::Failed
             }
         }

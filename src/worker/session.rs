@@ -167,6 +167,11 @@ pub fn run(
     // An `async` block, not an `async fn`, so the arguments are kept once
     // (an async fn keeps them as passed and again as locals).
     async move {
+        // Held until the future is dropped, after every socket it opened:
+        // an async block captures only the fields it reads, so without this
+        // read the turn would be dropped when the future is made, leaving
+        // the stream's next session free to connect before this one closed.
+        let _turn = &cfg.turn;
         // Boxed: a name lookup's state is only needed before the first connect.
         if let Err(message) = Box::pin(sink_allowed(&cfg.spec, &cfg.key.namespace, &deps)).await {
             deps.metrics
@@ -550,4 +555,65 @@ async fn close(ws: &mut Ws, code: CloseCode) {
         reason: "".into(),
     };
     let _ = timeout(CLOSE_TIMEOUT, ws.close(Some(frame))).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::connect_limit::ConnectLimiter;
+    use crate::worker::secrets::SecretSource;
+    use tokio::sync::Semaphore;
+
+    fn deps() -> Arc<SessionDeps> {
+        crate::install_crypto_provider();
+        let policy = HostPolicy::new(["*"]);
+        Arc::new(SessionDeps {
+            dialer: Dialer {
+                policy: policy.clone(),
+                tls: crate::worker::transport::tls_config(None).unwrap(),
+                secrets: SecretSource::Standalone,
+                connect_limit: ConnectLimiter::new(0.0, 0),
+            },
+            sinks: Arc::new(SinkClients::new(
+                reqwest::Client::new(),
+                SecretSource::Standalone,
+                "test".into(),
+            )),
+            sink_policy: policy,
+            kinesis_streams: KinesisStreams::new(["*"]),
+            metrics: Arc::new(WorkerMetrics::default()),
+            fence: Arc::new(Fence::new(Duration::from_secs(10), Instant::now())),
+        })
+    }
+
+    /// The turn is what makes a stream's next session wait until this one's
+    /// socket is closed (an aborted task is dropped later, when the runtime
+    /// gets to it). It only works if the session's future owns it from the
+    /// moment it is made until it is dropped.
+    #[tokio::test]
+    async fn a_session_keeps_its_streams_turn_until_it_is_dropped() {
+        let slot = Arc::new(Semaphore::new(1));
+        let spec: StreamConnectionSpec = serde_json::from_value(serde_json::json!({
+            "url": "ws://127.0.0.1:9/s",
+            "sink": {"log": {}},
+        }))
+        .unwrap();
+        let cfg = SessionConfig {
+            key: StreamKey::new("ns", "s"),
+            connection: "ns/s".into(),
+            worker: "w".into(),
+            token: 1,
+            spec: Arc::new(spec),
+            turn: slot.clone().try_acquire_owned().unwrap(),
+        };
+        let progress = Arc::new(StreamProgress::new(None, None));
+        let session = run(cfg, progress, deps(), SessionControl::default());
+        assert_eq!(
+            slot.available_permits(),
+            0,
+            "the session's future gave its turn back before it ran"
+        );
+        drop(session);
+        assert_eq!(slot.available_permits(), 1, "dropped: the turn is free");
+    }
 }

@@ -345,22 +345,18 @@ impl Acquirer {
         }
         let store = &self.ctx.store;
         let me = &self.me;
-        let fence = self.fence.bound();
+        let fence = &self.fence;
         let results: Vec<(Candidate, Result<AcquireOutcome, StoreError>)> =
             futures::stream::iter(chosen)
                 .map(|c| async move {
                     // Never past the fence: an answer after it could not be acted on.
-                    let r = tokio::time::timeout_at(
-                        fence,
-                        Box::pin(store.acquire(&c.record, &c.from, me)),
-                    )
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(StoreError::Unreachable {
+                    let r = tokio::select! {
+                        r = Box::pin(store.acquire(&c.record, &c.from, me)) => r,
+                        () = fence.closed() => Err(StoreError::Unreachable {
                             endpoint: store.endpoint().to_string(),
-                            detail: "acquire still pending at the fence deadline".into(),
-                        })
-                    });
+                            detail: "acquire still pending when the fence closed".into(),
+                        }),
+                    };
                     (c, r)
                 })
                 .buffer_unordered(ACQUIRE_CONCURRENCY)
