@@ -1,7 +1,8 @@
 //! Delivering a batch to the sink until it is acknowledged, the fence closes,
 //! or the session is aborted. Every attempt and every backoff sleep is raced
-//! against the fence deadline, so nothing is in flight after it (DESIGN
-//! property 1b); while a batch is retried nothing is read (backpressure).
+//! against the fence (itself, as renewals move it), so nothing is in flight
+//! after it closes (DESIGN property 1b); while a batch is retried nothing is
+//! read (backpressure).
 
 use super::fence::Fence;
 use super::progress::StreamProgress;
@@ -83,6 +84,8 @@ impl Delivery<'_> {
             // since moved would end a healthy session (and replay its batch)
             // once per fence window.
             let result = tokio::select! {
+                // An answer that is in is taken: it was sent inside the fence.
+                biased;
                 // Boxed: the sink client's future only lives during a delivery.
                 r = Box::pin(self.sink.deliver(&payload).instrument(attempt_span)) => r,
                 () = self.fence.closed() => return Err(Undelivered::Fenced),

@@ -26,13 +26,12 @@ pub struct Fence {
     window: Duration,
     /// `None` once revoked (the incarnation was declared dead): never valid again.
     deadline: watch::Sender<Option<Instant>>,
-    /// Whether the fence is closed, as its watcher last saw it: what
-    /// [`Fence::closed`] and [`Fence::open`] wait on. It changes only when
-    /// the fence closes or reopens, so a renewal (which moves the deadline)
-    /// wakes one task, the watcher, instead of every session and holder of
-    /// the worker, and each waiter holds a channel receiver instead of a
-    /// timer of its own.
-    shut: watch::Sender<bool>,
+    /// The fence as its watcher last saw it: what [`Fence::closed`] and
+    /// [`Fence::open`] wait on. It changes only when the fence closes or
+    /// reopens, so a renewal (which moves the deadline) wakes one task, the
+    /// watcher, instead of every session and holder of the worker, and each
+    /// waiter holds a channel receiver instead of a timer of its own.
+    shut: watch::Sender<Seen>,
     /// The watcher task, started by the first wait.
     watcher: OnceLock<AbortHandle>,
 }
@@ -51,7 +50,7 @@ impl Fence {
         Self {
             window,
             deadline: watch::Sender::new(Some(sent_at + window)),
-            shut: watch::Sender::new(false),
+            shut: watch::Sender::new(Seen::Open),
             watcher: OnceLock::new(),
         }
     }
@@ -94,8 +93,8 @@ impl Fence {
     }
 
     /// Waits until `done` holds. `done` is always asked of the deadline itself:
-    /// the watcher only says when to ask again (when the fence closed or
-    /// reopened), so its lag can neither end a wait early nor make one miss
+    /// the watcher only says when to ask again (when what it saw changed, see
+    /// [`Seen`]), so its lag can neither end a wait early nor make one miss
     /// the change it waits for.
     async fn wait_until(&self, done: impl Fn(&Self) -> bool) {
         self.watcher.get_or_init(|| {
@@ -110,13 +109,30 @@ impl Fence {
     }
 }
 
-/// The watcher: keeps `shut` equal to "the deadline has passed or the fence
-/// was revoked", waking at the deadline and whenever it moves.
-async fn watch_deadline(mut deadline: watch::Receiver<Option<Instant>>, shut: watch::Sender<bool>) {
+/// What the watcher last saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seen {
+    Open,
+    /// Closed at this deadline (`None`: revoked). The deadline is part of
+    /// the value so that a close the watcher sees right after another one
+    /// still wakes the waiters: a late renewal can reopen the fence and a
+    /// new deadline pass before the watcher runs, and a waiter that came in
+    /// while it was open is waiting for a change, not for a state.
+    Closed(Option<Instant>),
+}
+
+/// The watcher: keeps `shut` saying whether the deadline has passed or the
+/// fence was revoked, waking at the deadline and whenever it moves.
+async fn watch_deadline(mut deadline: watch::Receiver<Option<Instant>>, shut: watch::Sender<Seen>) {
     loop {
         let current = *deadline.borrow_and_update();
         let closed = current.is_none_or(|d| Instant::now() >= d);
-        shut.send_if_modified(|s| std::mem::replace(s, closed) != closed);
+        let seen = if closed {
+            Seen::Closed(current)
+        } else {
+            Seen::Open
+        };
+        shut.send_if_modified(|s| std::mem::replace(s, seen) != seen);
         let moved = match current {
             // Revoked: never valid again, nothing more to watch.
             None => return,
@@ -274,6 +290,26 @@ mod tests {
         assert!(fence.is_valid());
         fence.closed().await;
         assert_eq!(Instant::now() - started, Duration::from_secs(22));
+    }
+
+    /// A late renewal reopens a closed fence for a moment, and its new
+    /// deadline passes before the watcher has run. A wait that began while
+    /// the fence was open must still end when it closes again (the watcher
+    /// saw closed, then closed: a flag that only flips would not move).
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_begun_in_a_short_reopening_ends_when_the_fence_closes_again() {
+        let window = Duration::from_secs(10);
+        let fence = Fence::new(window, Instant::now());
+        fence.closed().await;
+        // Reopened until 1 ms from now; the watcher has not run since.
+        fence.confirm(Instant::now() + Duration::from_millis(1) - window);
+        assert!(fence.is_valid());
+        let mut waiting = std::pin::pin!(fence.closed());
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        tokio::time::advance(Duration::from_millis(2)).await;
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("a wait on a fence that closed again never ended");
     }
 
     #[test]

@@ -149,7 +149,10 @@ impl Holder {
             let progress = self.held.progress.clone();
             let mut session: Option<Running> = None;
             loop {
-                if session.is_none() && !self.failed && fence.is_valid() {
+                // Not when leaving: the loop's first branch releases next,
+                // and a session started now would only be stopped again.
+                let leaving = signals.shutdown.is_cancelled() || signals.handoff.is_cancelled();
+                if session.is_none() && !self.failed && !leaving && fence.is_valid() {
                     // Waits only while the previous session is still being dropped.
                     if let Ok(turn) = self.one_session.clone().acquire_owned().await {
                         session = self.start_session(turn);
@@ -421,6 +424,7 @@ impl Holder {
         running.ctl.stop.cancel();
         let mut running = running;
         let closed = tokio::select! {
+            biased;
             _ = &mut running.handle => true,
             _ = sleep(budget) => false,
             () = self.deps.fence.closed() => false,
