@@ -172,6 +172,22 @@ async fn a_rolling_upgrade_from_0_1_never_serves_a_stream_twice_and_loses_nothin
         String::from_utf8_lossy(&finished.stderr)
     );
     assert!(!store.check_table().await.unwrap().legacy_index);
+    // The workers that started during the upgrade still serve what needs an
+    // owner (they looked for version-1 leases in the index just dropped,
+    // and every acquisition pass failed): a stream applied now is served.
+    let late = StreamKey::new("up", "up-late");
+    let spec = http_spec(&upstream.url("up-late"), &sink.url());
+    store
+        .upsert_desired(&spec.to_desired(late, 1, None))
+        .await
+        .unwrap();
+    Bed::wait(
+        Duration::from_secs(20),
+        "a stream applied after finish-upgrade is served",
+        || async { upstream.open_sessions().get("up-late") == Some(&1) },
+    )
+    .await
+    .unwrap();
     // And it keeps running on the upgraded table.
     let before: Vec<_> = names
         .iter()

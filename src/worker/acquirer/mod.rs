@@ -155,9 +155,9 @@ impl Acquirer {
                 });
             }
         }
-        if self.legacy_index {
-            let store_now = self.ctx.store.clock().store_now_at_least();
-            let found = self.ctx.store.legacy_orphans(store_now).await?;
+        if self.legacy_index
+            && let Some((found, store_now)) = self.legacy_orphans().await?
+        {
             self.take_found(found, &mut candidates, |r| match r.ownership() {
                 Ownership::Free => Some(AcquireFrom::Free),
                 Ownership::Legacy {
@@ -206,6 +206,30 @@ impl Acquirer {
         }
         self.markers = seen;
         changed
+    }
+
+    /// Version-1 orphans, with the store time they were judged against, while
+    /// the table still has version 1's index. `None` once the index is gone:
+    /// `tether table finish-upgrade` drops it while the workers that started
+    /// during the upgrade keep running, and a query of a missing index fails
+    /// every pass, so nothing released meanwhile would ever be acquired. On a
+    /// failed query the table is described again; only an index that is
+    /// really gone ends the version-1 takeover, any other error is the pass's.
+    async fn legacy_orphans(&mut self) -> Result<Option<(crate::lease::Found, u64)>, StoreError> {
+        let store_now = self.ctx.store.clock().store_now_at_least();
+        match self.ctx.store.legacy_orphans(store_now).await {
+            Ok(found) => Ok(Some((found, store_now))),
+            Err(e) => {
+                if self.ctx.store.check_table().await?.legacy_index {
+                    return Err(e);
+                }
+                tracing::info!(
+                    "version 1's index is gone (the upgrade was finished): no longer taking over version-1 leases"
+                );
+                self.legacy_index = false;
+                Ok(None)
+            }
+        }
     }
 
     /// Settles acquires that got no answer: serve the ones that landed.
