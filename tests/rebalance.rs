@@ -31,13 +31,15 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
     let names = bed.apply("r", 30).await.unwrap();
     let _a = bed.fleet.spawn("a").unwrap();
     let _b = bed.fleet.spawn("b").unwrap();
-    let balanced = |expect: usize, workers: usize| {
+    // Each of `workers` holds `expect` streams, give or take `slack`, and
+    // every stream has exactly one session.
+    let balanced = |expect: usize, workers: usize, slack: usize| {
         let bed = &bed;
         async move {
             let load = load(bed).await;
             let open = bed.upstream.open_sessions();
             load.len() == workers
-                && load.values().all(|n| n.abs_diff(expect) <= 1)
+                && load.values().all(|n| n.abs_diff(expect) <= slack)
                 && load.values().sum::<usize>() == 30
                 && open.len() == 30
                 && open.values().all(|n| *n == 1)
@@ -46,23 +48,25 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
     Bed::wait(
         Duration::from_secs(30),
         "two workers hold 15 ± 1 each",
-        || balanced(15, 2),
+        || balanced(15, 2, 1),
     )
     .await
     .unwrap();
 
+    // Half the excess moves at a time, so 11/10/9 is a step on the way, not
+    // the end: 30 streams on three workers settle at exactly 10 each.
     let mut c = bed.fleet.spawn("c").unwrap();
     Bed::wait(
         Duration::from_secs(30),
-        "three workers hold 10 ± 1 each",
-        || balanced(10, 3),
+        "three workers hold 10 each",
+        || balanced(10, 3, 0),
     )
     .await
     .unwrap();
     // Stable: nothing keeps moving once balanced.
     let before = bed.upstream.sessions().len();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(balanced(10, 3).await);
+    assert!(balanced(10, 3, 0).await, "a balanced fleet moved a stream");
     assert!(
         bed.upstream.sessions().len() - before <= 2,
         "a balanced fleet keeps churning"
@@ -75,7 +79,7 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
     Bed::wait(
         Duration::from_secs(30),
         "the remaining two share the streams",
-        || balanced(15, 2),
+        || balanced(15, 2, 1),
     )
     .await
     .unwrap();
