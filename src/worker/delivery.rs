@@ -250,19 +250,53 @@ mod tests {
         format!("http://{addr}/")
     }
 
+    /// What one delivery of a one-message batch (sequence `seq`) to the HTTP
+    /// sink at `url` ended with: the result, the checkpoint after it, and how
+    /// many messages the batch still holds. `overdue` says what it means if
+    /// it has not ended within 20 s.
+    async fn deliver_one(
+        url: String,
+        timeout_seconds: u32,
+        fence: &Fence,
+        seq: u64,
+        overdue: &str,
+    ) -> (Result<(), Undelivered>, Option<u64>, usize) {
+        let spec = HttpSinkSpec {
+            url,
+            max_batch_messages: 10,
+            linger_ms: 0,
+            timeout_seconds,
+        };
+        crate::install_crypto_provider();
+        let sink = Sink::Http(crate::sink::HttpSink::new(reqwest::Client::new(), &spec));
+        let progress = StreamProgress::new(None, None);
+        let metrics = WorkerMetrics::default();
+        let abort = CancellationToken::new();
+        let delivery = Delivery {
+            connection: "s",
+            worker: "w",
+            token: 1,
+            sink: &sink,
+            fence,
+            progress: &progress,
+            metrics: &metrics,
+            abort: &abort,
+        };
+        let mut batch = vec![Message {
+            seq,
+            data: "x".into(),
+        }];
+        let ended = tokio::time::timeout(Duration::from_secs(20), delivery.deliver(&mut batch))
+            .await
+            .expect(overdue);
+        (ended, progress.acked(), batch.len())
+    }
+
     /// A POST slower than the fence window, while renewals keep the fence
     /// open: the attempt lasts as long as the fence does, not as long as the
     /// deadline did when it was sent.
     #[tokio::test]
     async fn a_slow_post_is_waited_for_while_renewals_keep_the_fence_open() {
-        let spec = HttpSinkSpec {
-            url: slow_sink(Duration::from_millis(900)).await,
-            max_batch_messages: 10,
-            linger_ms: 0,
-            timeout_seconds: 30,
-        };
-        crate::install_crypto_provider();
-        let sink = Sink::Http(crate::sink::HttpSink::new(reqwest::Client::new(), &spec));
         let fence = std::sync::Arc::new(Fence::new(Duration::from_millis(300), Instant::now()));
         let renewals = tokio::spawn({
             let fence = fence.clone();
@@ -273,69 +307,27 @@ mod tests {
                 }
             }
         });
-        let progress = StreamProgress::new(None, None);
-        let metrics = WorkerMetrics::default();
-        let abort = CancellationToken::new();
-        let delivery = Delivery {
-            connection: "s",
-            worker: "w",
-            token: 1,
-            sink: &sink,
-            fence: &fence,
-            progress: &progress,
-            metrics: &metrics,
-            abort: &abort,
-        };
-        let mut batch = vec![Message {
-            seq: 7,
-            data: "x".into(),
-        }];
-        let ended = tokio::time::timeout(Duration::from_secs(20), delivery.deliver(&mut batch))
-            .await
-            .expect("the delivery never ended");
+        let url = slow_sink(Duration::from_millis(900)).await;
+        let (ended, acked, _) = deliver_one(url, 30, &fence, 7, "the delivery never ended").await;
         renewals.abort();
         assert_eq!(ended, Ok(()), "a renewed fence cut a slow POST short");
-        assert_eq!(progress.acked(), Some(7));
+        assert_eq!(acked, Some(7));
     }
 
     #[tokio::test]
     async fn a_post_still_in_flight_when_the_fence_closes_is_abandoned_at_the_fence() {
-        let spec = HttpSinkSpec {
-            url: silent_sink().await,
-            max_batch_messages: 10,
-            linger_ms: 0,
-            // Far longer than the fence: only the fence can end this POST.
-            timeout_seconds: 300,
-        };
-        crate::install_crypto_provider();
-        let sink = Sink::Http(crate::sink::HttpSink::new(reqwest::Client::new(), &spec));
         let fence = Fence::new(Duration::from_millis(300), Instant::now());
-        let progress = StreamProgress::new(None, None);
-        let metrics = WorkerMetrics::default();
-        let abort = CancellationToken::new();
-        let delivery = Delivery {
-            connection: "s",
-            worker: "w",
-            token: 1,
-            sink: &sink,
-            fence: &fence,
-            progress: &progress,
-            metrics: &metrics,
-            abort: &abort,
-        };
-        let mut batch = vec![Message {
-            seq: 1,
-            data: "x".into(),
-        }];
-        let ended = tokio::time::timeout(Duration::from_secs(20), delivery.deliver(&mut batch))
-            .await
-            .expect("the delivery outlived its fence");
-        assert_eq!(ended, Err(Undelivered::Fenced));
-        assert_eq!(progress.acked(), None, "nothing was acknowledged");
-        assert_eq!(
-            batch.len(),
+        // A timeout far longer than the fence: only the fence can end this POST.
+        let (ended, acked, left) = deliver_one(
+            silent_sink().await,
+            300,
+            &fence,
             1,
-            "the batch is kept for the next owner's replay"
-        );
+            "the delivery outlived its fence",
+        )
+        .await;
+        assert_eq!(ended, Err(Undelivered::Fenced));
+        assert_eq!(acked, None, "nothing was acknowledged");
+        assert_eq!(left, 1, "the batch is kept for the next owner's replay");
     }
 }

@@ -151,8 +151,7 @@ impl Holder {
             loop {
                 // Not when leaving: the loop's first branch releases next,
                 // and a session started now would only be stopped again.
-                let leaving = signals.shutdown.is_cancelled() || signals.handoff.is_cancelled();
-                if session.is_none() && !self.failed && !leaving && fence.is_valid() {
+                if session.is_none() && !self.failed && !self.is_leaving() && fence.is_valid() {
                     // Waits only while the previous session is still being dropped.
                     if let Ok(turn) = self.one_session.clone().acquire_owned().await {
                         session = self.start_session(turn);
@@ -408,7 +407,13 @@ impl Holder {
         }
     }
 
-    /// Resolves once this stream is to be released: shutdown or handoff.
+    /// Whether this stream is to be released: shutdown or handoff was asked for.
+    fn is_leaving(&self) -> bool {
+        let signals = &self.held.signals;
+        signals.shutdown.is_cancelled() || signals.handoff.is_cancelled()
+    }
+
+    /// Resolves once [`Self::is_leaving`] holds.
     async fn leaving(&self) {
         let signals = &self.held.signals;
         tokio::select! {

@@ -167,10 +167,11 @@ pub fn run(
     // An `async` block, not an `async fn`, so the arguments are kept once
     // (an async fn keeps them as passed and again as locals).
     async move {
-        // Held until the future is dropped, after every socket it opened:
-        // an async block captures only the fields it reads, so without this
-        // read the turn would be dropped when the future is made, leaving
-        // the stream's next session free to connect before this one closed.
+        // Held until the future is dropped, after every socket it opened.
+        // An async block captures only the fields it reads; the body happens
+        // to pass the whole config to `pump`, but the turn must not depend on
+        // that, or a later change could drop it when the future is made and
+        // let the stream's next session connect before this one closed.
         let _turn = &cfg.turn;
         // Boxed: a name lookup's state is only needed before the first connect.
         if let Err(message) = Box::pin(sink_allowed(&cfg.spec, &cfg.key.namespace, &deps)).await {
