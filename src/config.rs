@@ -195,6 +195,9 @@ pub enum OutputFormat {
 
 #[derive(Clone, Debug, Args)]
 pub struct DemoArgs {
+    /// Run one part of the demo on its own instead of the whole demo.
+    #[command(subcommand)]
+    pub part: Option<DemoPart>,
     /// Number of streams to apply.
     #[arg(long, default_value_t = 12)]
     pub streams: usize,
@@ -204,6 +207,26 @@ pub struct DemoArgs {
     /// Lease duration the demo's workers use (shorter than production so it ends quickly).
     #[arg(long, default_value = "6s", value_parser = parse_duration)]
     pub lease_duration: Duration,
+}
+
+/// A part of the demo that also runs on its own.
+#[derive(Clone, Debug, Subcommand)]
+pub enum DemoPart {
+    /// Serve the demo's replaying WebSocket feed: `ws://ADDR/<stream>?after=<n>`
+    /// sends `{"seq":N,...}` text messages from n+1 (from 1 without `after`).
+    /// A first upstream for a new installation (run it with the same image).
+    Feed {
+        /// Address to listen on.
+        #[arg(
+            long,
+            env = "TETHER_DEMO_FEED_LISTEN",
+            default_value = "127.0.0.1:9001"
+        )]
+        listen: SocketAddr,
+        /// Messages per second per session.
+        #[arg(long, default_value_t = 10)]
+        rate: u32,
+    },
 }
 
 /// Worker settings (also used by `operator`).

@@ -7,6 +7,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -80,6 +81,22 @@ struct AppState {
     health: Arc<Health>,
 }
 
+/// Binds the probe and metrics listener. `[::]` is dual-stack on Linux (the
+/// kernel's default `bindv6only=0`), so one address serves IPv4, IPv6 and
+/// dual-stack clusters alike; where the node has no IPv6 at all, binding it
+/// fails and the IPv4 wildcard on the same port is used instead.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    match TcpListener::bind(addr).await {
+        Ok(listener) => Ok(listener),
+        Err(e) if addr.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED) => {
+            let v4 = SocketAddr::from((Ipv4Addr::UNSPECIFIED, addr.port()));
+            tracing::warn!(%addr, error = %e, fallback = %v4, "no IPv6 here; listening on IPv4 only");
+            TcpListener::bind(v4).await
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Serves until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
@@ -133,5 +150,29 @@ async fn ready_handler(State(state): State<AppState>) -> impl IntoResponse {
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {why}\n"),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chart binds `[::]`: probes and scrapes over IPv4 and IPv6 both reach it.
+    #[tokio::test]
+    async fn the_ipv6_wildcard_serves_ipv4_and_ipv6_clients() {
+        let listener = bind("[::]:0".parse().unwrap()).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepting = tokio::spawn(async move {
+            for _ in 0..2 {
+                listener.accept().await.unwrap();
+            }
+        });
+        tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port))
+            .await
+            .expect("an IPv4 client connects");
+        tokio::net::TcpStream::connect((Ipv6Addr::LOCALHOST, port))
+            .await
+            .expect("an IPv6 client connects");
+        accepting.await.unwrap();
     }
 }

@@ -304,3 +304,41 @@ async fn a_worker_writes_the_cloudwatch_emf_line_with_its_assigned_streams() {
     assert_eq!(found["_aws"]["CloudWatchMetrics"][0]["Namespace"], "Tether");
     let _ = child.kill().await;
 }
+
+/// Right after a worker starts serving, `tether get` says what v2 stores: how
+/// long ago the owner renewed its heartbeat (a new incarnation has renewed
+/// nothing yet, but it registered), and the freshest checkpoint, which the
+/// owner packs into its heartbeat once the sink acknowledged something.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_shows_the_owners_heartbeat_age_and_the_freshest_checkpoint_from_the_start() {
+    use std::time::Duration;
+    use tether_testkit::bed::{Bed, BedOptions, eventually};
+    let bed = Bed::start(EXE, BedOptions::default()).await.unwrap();
+    let names = bed.apply("g", 1).await.unwrap();
+    let _worker = bed.fleet.spawn("w1").unwrap();
+    eventually(Duration::from_secs(20), "the stream is connected", || {
+        bed.all_connected_once(&names)
+    })
+    .await;
+    let table = text(&tether(&bed.store, &["get"], None).stdout);
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "STATE", "PHASE", "OWNER", "HEARTBEAT", "CHECKPOINT"],
+        "{table}"
+    );
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(row[3], "w1", "{table}");
+    // "1.2s ago": a real age, not a countdown stuck at 0.0s before the first renewal.
+    assert_eq!(row[5], "ago", "{table}");
+    let age: f64 = row[4].trim_end_matches('s').parse().unwrap();
+    assert!(age < 10.0, "{table}");
+    // Within a heartbeat the sink's acknowledgements reach the checkpoint column.
+    eventually(Duration::from_secs(10), "a checkpoint is shown", || async {
+        let table = text(&tether(&bed.store, &["get", "-o", "json"], None).stdout);
+        let rows: serde_json::Value = serde_json::from_str(&table).unwrap();
+        rows[0]["lastSeq"].as_u64().is_some() && rows[0]["heartbeatAgeMs"].as_u64().is_some()
+    })
+    .await;
+}

@@ -5,6 +5,11 @@
 # the pods' role for IRSA and/or EKS Pod Identity (with its association).
 
 resource "aws_dynamodb_table" "leases" {
+  # Encrypted at rest with DynamoDB's AWS managed KMS key (server_side_encryption
+  # without kms_key_arn). The items hold stream URLs, lease state and
+  # checkpoints, never header values (those stay in Secrets); a customer
+  # managed key would also need KMS grants for the pods' role.
+  #checkov:skip=CKV_AWS_119:AWS managed KMS key; the table holds no secrets (header values stay in Kubernetes Secrets)
   name                        = var.table_name
   billing_mode                = "PAY_PER_REQUEST"
   hash_key                    = "Pk"
@@ -84,6 +89,15 @@ data "aws_iam_policy_document" "worker" {
       "${aws_dynamodb_table.leases.arn}/index/by_holder",
       "${aws_dynamodb_table.leases.arn}/index/by_state",
     ]
+  }
+
+  # The controller's garbage collector lists the stream items with a scan to
+  # find those whose StreamConnection is gone. Only the leader runs it, and
+  # any operator pod may become the leader.
+  statement {
+    sid       = "GarbageCollection"
+    actions   = ["dynamodb:Scan"]
+    resources = [aws_dynamodb_table.leases.arn]
   }
 }
 

@@ -1,5 +1,10 @@
-//! `tether get`: streams with their state, phase, owner, how long the owner
-//! has proven itself for, and the freshest checkpoint.
+//! `tether get`: streams with their state, phase, owner, how long ago the
+//! owner last renewed its heartbeat, and the freshest checkpoint.
+//!
+//! Liveness is per worker, not per stream: a stream has no lease of its own to
+//! count down. What says its owner is alive is the owner's heartbeat (peers
+//! declare it dead once that stood still for a whole lease), and the freshest
+//! checkpoint is the item's or the one the owner packs into each heartbeat.
 
 use crate::config::OutputFormat;
 use crate::lease::{LeaseStore, StreamView, now_ms};
@@ -37,7 +42,7 @@ pub async fn get(
             .into_iter()
             .filter(|v| {
                 let mut row = json_row(v, now);
-                row["leaseLeftMs"] = serde_json::Value::Null;
+                row["heartbeatAgeMs"] = serde_json::Value::Null;
                 shown.insert(v.record.key.to_string(), row.clone()) != Some(row)
             })
             .collect();
@@ -133,7 +138,7 @@ fn json_row(v: &StreamView, now: u64) -> serde_json::Value {
         "message": r.status.as_ref().and_then(|s| s.message.clone()),
         "owner": owner.map(|o| o.owner.clone()),
         "ownerWorker": owner.map(|o| o.worker_id.clone()),
-        "leaseLeftMs": owner.and_then(|o| o.until_ms).map(|u| u.saturating_sub(now)),
+        "heartbeatAgeMs": owner.and_then(|o| o.heartbeat_at_ms).map(|at| now.saturating_sub(at)),
         "leaseCounter": r.lease_counter,
         "lastSeq": v.checkpoint,
         "generation": r.generation,
@@ -156,8 +161,8 @@ fn columns(views: &[StreamView], now: u64, wide: bool) -> String {
         "STATE".into(),
         "PHASE".into(),
         "OWNER".into(),
-        "LEASE-LEFT".into(),
-        "LAST-SEQ".into(),
+        "HEARTBEAT".into(),
+        "CHECKPOINT".into(),
     ]];
     if wide {
         rows[0].extend(["TOKEN".to_string(), "REASON".into(), "URL".into()]);
@@ -165,9 +170,9 @@ fn columns(views: &[StreamView], now: u64, wide: bool) -> String {
     for v in views {
         let r = &v.record;
         let owner = v.live_owner();
-        let left = owner
-            .and_then(|o| o.until_ms)
-            .map(|u| format!("{:.1}s", u.saturating_sub(now) as f64 / 1000.0))
+        let heartbeat = owner
+            .and_then(|o| o.heartbeat_at_ms)
+            .map(|at| format!("{:.1}s ago", now.saturating_sub(at) as f64 / 1000.0))
             .unwrap_or_else(|| "-".into());
         let phase = match (owner, r.status.as_ref()) {
             (Some(_), Some(s)) => s.phase.to_string(),
@@ -179,8 +184,9 @@ fn columns(views: &[StreamView], now: u64, wide: bool) -> String {
             r.desired_state.as_str().to_string(),
             phase,
             owner.map_or("-", |o| o.worker_id.as_str()).to_string(),
-            left,
-            v.checkpoint.map_or_else(|| "-".into(), |s| s.to_string()),
+            heartbeat,
+            v.checkpoint
+                .map_or_else(|| "none".into(), |s| s.to_string()),
         ];
         if wide {
             row.extend([

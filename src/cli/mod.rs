@@ -11,9 +11,9 @@ pub use apply::apply as apply_manifests;
 pub use get::table_text;
 pub use signal::shutdown_signal;
 
-use crate::config::{Cli, Command, StoreArgs, TableCommand};
+use crate::config::{Cli, Command, DemoArgs, DemoPart, StoreArgs, TableCommand};
 use crate::embedded::EmbeddedStore;
-use crate::lease::{LeaseStore, RetryPolicy, StoreConfig};
+use crate::lease::{Caller, LeaseStore, RetryPolicy, StoreConfig};
 use crate::metrics::{Metrics, StoreMetrics};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -28,7 +28,11 @@ pub struct OpenStore {
 /// Connects to the table the flags describe. With `--embedded-store` the
 /// embedded store is started in-process and its table created; otherwise the
 /// standard AWS configuration decides, and nothing is ever started silently.
-pub async fn open_store(args: &StoreArgs, metrics: Arc<StoreMetrics>) -> anyhow::Result<OpenStore> {
+pub async fn open_store(
+    args: &StoreArgs,
+    caller: Caller,
+    metrics: Arc<StoreMetrics>,
+) -> anyhow::Result<OpenStore> {
     let embedded = match &args.embedded_store {
         Some(path) => Some(
             EmbeddedStore::start(
@@ -47,6 +51,7 @@ pub async fn open_store(args: &StoreArgs, metrics: Arc<StoreMetrics>) -> anyhow:
         deadline: args.store_call_deadline,
         ..RetryPolicy::default()
     };
+    cfg.caller = Some(caller);
     let store = LeaseStore::connect(cfg, metrics).await?;
     // The embedded store starts empty; give it its table so local use needs no step.
     if embedded.is_some() {
@@ -59,7 +64,8 @@ pub async fn open_store(args: &StoreArgs, metrics: Arc<StoreMetrics>) -> anyhow:
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     crate::install_crypto_provider();
     let metrics = Arc::new(Metrics::new());
-    let open = || open_store(&cli.store, metrics.store.clone());
+    let caller = caller_of(&cli.command);
+    let open = || open_store(&cli.store, caller, metrics.store.clone());
     match cli.command {
         Command::Table {
             command: TableCommand::Create,
@@ -114,6 +120,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             clap_complete::generate(shell, &mut Cli::command(), "tether", &mut std::io::stdout());
             Ok(())
         }
+        Command::Demo(DemoArgs {
+            part: Some(DemoPart::Feed { listen, rate }),
+            ..
+        }) => serve::demo_feed(listen, rate).await,
         Command::Demo(args) => crate::demo::run(args).await,
         Command::Worker(args) => {
             let open = open().await?;
@@ -125,5 +135,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", crate::crd::crd_yaml()?);
             Ok(())
         }
+    }
+}
+
+/// Which IAM role a subcommand's DynamoDB calls belong to.
+fn caller_of(command: &Command) -> Caller {
+    match command {
+        Command::Operator(_) => Caller::Operator,
+        Command::Worker(_) => Caller::Worker,
+        Command::Apply { .. } | Command::Get { .. } | Command::Delete { .. } => Caller::Cli,
+        Command::Table { .. } => Caller::Admin,
+        Command::Demo(_)
+        | Command::LocalStore { .. }
+        | Command::Completion { .. }
+        | Command::Crd => Caller::Local,
     }
 }

@@ -2,8 +2,10 @@
 
 use super::{OpenStore, open_store, shutdown_signal};
 use crate::config::{OperatorArgs, StoreArgs, WorkerArgs};
+use crate::demo::feed::{Feed, FeedOptions};
 use crate::embedded::EmbeddedStore;
 use crate::http::Health;
+use crate::lease::Caller;
 use crate::metrics::Metrics;
 use crate::worker::restart::PodLookup;
 use crate::worker::secrets::SecretSource;
@@ -29,6 +31,25 @@ pub async fn local_store(listen: SocketAddr, data: &Path) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// `tether demo feed`: the demo's replaying feed alone, until a signal.
+pub async fn demo_feed(listen: SocketAddr, rate: u32) -> anyhow::Result<()> {
+    let feed = Feed::start(
+        listen,
+        FeedOptions {
+            rate,
+            ..FeedOptions::default()
+        },
+    )
+    .await
+    .with_context(|| format!("cannot listen on {listen}"))?;
+    println!(
+        "demo feed listening on ws://{}/<stream>?after=<last_seq>",
+        feed.addr
+    );
+    shutdown_signal().await;
+    Ok(())
+}
+
 /// `tether worker` (and the worker half of `tether operator`).
 pub async fn worker(
     open: OpenStore,
@@ -51,7 +72,7 @@ pub async fn worker(
     // The table is checked by the worker itself, which waits (not ready)
     // while DynamoDB does not answer and fails clearly when the table is
     // missing; the metrics server is up meanwhile for the probes.
-    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+    let listener = crate::http::bind(args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
@@ -103,7 +124,7 @@ pub async fn operator(
         "cannot configure a Kubernetes client (run in a pod with a service account, or set KUBECONFIG)",
     )?;
     crate::controller::check_crd(&client).await?;
-    let open = open_store(store_args, metrics.store.clone()).await?;
+    let open = open_store(store_args, Caller::Operator, metrics.store.clone()).await?;
     let instance = format!(
         "{}-{:08x}",
         args.worker_id

@@ -44,7 +44,11 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
             _ = &mut work => None,
         };
         leading.cancel();
-        let _ = work.await;
+        // A finished JoinHandle must not be polled again (it panics, and the
+        // Lease would then never be released): wait only for running work.
+        if end.is_some() {
+            let _ = work.await;
+        }
         ctx.metrics.leader.set(0);
         match end {
             Some(LeadershipEnd::Stopped) => {

@@ -235,6 +235,7 @@ mod tests {
                 worker_id: id.to_string(),
                 alive,
                 until_ms: Some(10_000),
+                heartbeat_at_ms: Some(2_000),
             }),
             checkpoint: Some(42),
         }

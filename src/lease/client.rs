@@ -49,6 +49,39 @@ pub struct StoreConfig {
     pub attempt_timeout: Duration,
     /// Page size for queries and scans; `None` lets DynamoDB pick (1 MB pages).
     pub page_size: Option<i32>,
+    /// Which part of tether makes the calls ([`Caller`]), sent as the SDK's
+    /// app name: `app/tether-operator` in every request's User-Agent, so
+    /// CloudTrail (and the test suite's recorder) can tell the roles apart
+    /// and each role's calls can be held against its IAM policy.
+    pub caller: Option<Caller>,
+}
+
+/// The roles that call DynamoDB, each with its own IAM policy in `deploy/`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// `tether operator`: the controller and a worker (the pod's policy).
+    Operator,
+    /// `tether worker`: a standalone worker (the worker policy).
+    Worker,
+    /// `tether apply`, `get`, `delete` (the CLI policy).
+    Cli,
+    /// `tether table create` and `finish-upgrade` (whoever manages the table).
+    Admin,
+    /// `tether demo` and `local-store` (this machine only).
+    Local,
+}
+
+impl Caller {
+    /// The app name sent with every request.
+    pub fn app_name(self) -> &'static str {
+        match self {
+            Self::Operator => "tether-operator",
+            Self::Worker => "tether-worker",
+            Self::Cli => "tether-cli",
+            Self::Admin => "tether-admin",
+            Self::Local => "tether-local",
+        }
+    }
 }
 
 impl StoreConfig {
@@ -61,6 +94,7 @@ impl StoreConfig {
             retry: RetryPolicy::default(),
             attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
             page_size: None,
+            caller: None,
         }
     }
 
@@ -148,6 +182,12 @@ impl LeaseStore {
             );
         if let Some(ep) = &cfg.endpoint {
             loader = loader.endpoint_url(ep);
+        }
+        if let Some(caller) = cfg.caller {
+            // The names are constants of the form the SDK accepts.
+            if let Ok(name) = aws_config::AppName::new(caller.app_name()) {
+                loader = loader.app_name(name);
+            }
         }
         if let Some(region) = &cfg.region {
             loader = loader.region(Region::new(region.clone()));

@@ -32,7 +32,8 @@ mod view;
 
 pub use admin::{HOLDER_INDEX, LEGACY_INDEX, TableChange, TableLayout};
 pub use client::{
-    LOCAL_CREDENTIALS, LeaseStore, StoreConfig, aws_http_client, root_cause, validate_table_name,
+    Caller, LOCAL_CREDENTIALS, LeaseStore, StoreConfig, aws_http_client, root_cause,
+    validate_table_name,
 };
 pub use clock::{ClockGauge, OffsetBounds, now_ms};
 pub use control::{DeleteOutcome, TombstoneOutcome};

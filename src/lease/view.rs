@@ -18,8 +18,12 @@ pub struct OwnerView {
     pub worker_id: String,
     /// The owner is alive (LIVE worker item, or an unexpired version-1 lease).
     pub alive: bool,
-    /// Until when the owner has proven itself (wall clock, informational).
+    /// Until when the owner has proven itself (wall clock, informational;
+    /// `None` before its first renewal).
     pub until_ms: Option<u64>,
+    /// When the owner last renewed (its own wall clock; `None` for a
+    /// version-1 lease, which has no heartbeat of its own).
+    pub heartbeat_at_ms: Option<u64>,
 }
 
 /// A stream with its owner's view of it.
@@ -57,7 +61,11 @@ fn combine(
                     worker_id: inc.worker_id().to_string(),
                     owner: inc.to_string(),
                     alive,
-                    until_ms: found.map(|(w, _)| w.alive_until_ms).filter(|_| alive),
+                    // A new incarnation's item has no lease end until its first renewal.
+                    until_ms: found
+                        .map(|(w, _)| w.alive_until_ms)
+                        .filter(|&until| alive && until > 0),
+                    heartbeat_at_ms: found.map(|(w, _)| w.heartbeat_at_ms).filter(|_| alive),
                 }),
                 packed,
             )
@@ -71,6 +79,7 @@ fn combine(
                 owner,
                 alive: expires_at_ms > now,
                 until_ms: Some(expires_at_ms),
+                heartbeat_at_ms: None,
             }),
             None,
         ),

@@ -3,6 +3,7 @@
 //! on loopback only.
 //!
 //! - `store`: the DynamoDB-compatible server under test (dynoxide, or dynalite);
+//! - `call_log`: records each role's DynamoDB calls (for the IAM check);
 //! - `upstream`: the replaying feed (plain and TLS) and a misbehaving one;
 //! - `blaster`: an upstream that sends as fast as the socket takes;
 //! - `sink`: the verifying sink, a fault proxy in front of it, a counting sink;
@@ -17,6 +18,7 @@
 
 pub mod bed;
 pub mod blaster;
+pub mod call_log;
 pub mod capacity;
 pub mod chaos;
 pub mod dynamo_proxy;

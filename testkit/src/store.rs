@@ -3,7 +3,8 @@
 //! By default an embedded dynoxide server runs on `127.0.0.1:0` on its own
 //! thread (so it outlives each test's runtime). Setting
 //! `TETHER_TEST_DYNAMODB_ENDPOINT` points the same tests at another server,
-//! e.g. dynalite in CI.
+//! e.g. dynalite in CI. With `TETHER_DYNAMODB_CALL_LOG` set, the embedded
+//! store is reached through the call recorder (`call_log`).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, OnceLock};
@@ -33,7 +34,17 @@ pub fn endpoint() -> (String, &'static str) {
                 let store = EmbeddedStore::start(None, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
                     .await
                     .expect("embedded store starts");
-                tx.send(store.endpoint()).expect("send endpoint");
+                let endpoint = match std::env::var_os(crate::call_log::CALL_LOG_ENV) {
+                    Some(dir) if !dir.is_empty() => crate::call_log::start(
+                        SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+                        &store.endpoint(),
+                        std::path::Path::new(&dir),
+                    )
+                    .await
+                    .expect("the call recorder starts"),
+                    _ => store.endpoint(),
+                };
+                tx.send(endpoint).expect("send endpoint");
                 std::future::pending::<()>().await;
             });
         });

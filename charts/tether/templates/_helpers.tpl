@@ -17,7 +17,7 @@
 {{- end }}
 {{- end }}
 
-{{/* Labels on every object. */}}
+{{/* Labels on every object except the pods (see "tether.podLabels"). */}}
 {{- define "tether.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{ include "tether.selectorLabels" . }}
@@ -29,6 +29,75 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "tether.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "tether.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Labels of the pod template: only labels that stay put across chart releases.
+A chart-version label here would change the pod template on every chart
+bump, restart every worker and reconnect every stream.
+*/}}
+{{- define "tether.podLabels" -}}
+{{ include "tether.selectorLabels" . }}
+{{- with .Values.podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The image: the chart's appVersion unless image.tag is set. */}}
+{{- define "tether.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/*
+A value as an environment variable's text. Integral numbers print without an
+exponent (YAML numbers reach templates as float64: 1000000 would be 1e+06).
+*/}}
+{{- define "tether.envValue" -}}
+{{- if and (kindIs "float64" .) (eq . (floor .)) }}
+{{- int64 . }}
+{{- else }}
+{{- toString . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Seconds in a duration as the binary parses it: a number and one unit of ms,
+s, m or h ("1500ms", "10s", "1.5m"). Prints a float; fails on anything else.
+*/}}
+{{- define "tether.durationSeconds" -}}
+{{- $duration := toString . }}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" $duration }}
+{{- $unit := trimPrefix $number $duration }}
+{{- $unitSeconds := dict "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 }}
+{{- if or (not $number) (not (hasKey $unitSeconds $unit)) }}
+{{- fail (printf "%q is not a duration: use a number and one of ms, s, m, h (e.g. 1500ms, 10s, 1m)" $duration) }}
+{{- end }}
+{{- mulf $number (get $unitSeconds $unit) }}
+{{- end }}
+
+{{/* The binary's default --drain-timeout (src/config.rs, DEFAULT_DRAIN_TIMEOUT). */}}
+{{- define "tether.defaultDrainTimeout" -}}
+10s
+{{- end }}
+
+{{/*
+Seconds a pod needs after its drain: the final audit releases what the drain
+left and the worker marks itself as having left the fleet, each a DynamoDB
+write bounded by the store call deadline. terminationGracePeriodSeconds must
+exceed the drain timeout plus this margin, or Kubernetes kills the pod before
+those writes and its streams wait a whole leaseDuration for a new owner.
+*/}}
+{{- define "tether.drainMarginSeconds" -}}
+5
+{{- end }}
+
+{{/*
+spec.replicas of this release's Deployment as it runs in the cluster, or
+nothing: `helm template`, `--dry-run` and a first install see no Deployment.
+*/}}
+{{- define "tether.runningReplicas" -}}
+{{- $running := lookup "apps/v1" "Deployment" .Release.Namespace (include "tether.fullname" .) }}
+{{- dig "spec" "replicas" "" $running }}
 {{- end }}
 
 {{/* Service account name. */}}
@@ -47,5 +116,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- if and .Values.rbac.secrets.clusterWide (gt (len .Values.rbac.secrets.namespaces) 0) }}
 {{- fail "rbac.secrets.clusterWide already grants every namespace; leave rbac.secrets.namespaces empty" }}
+{{- end }}
+{{- /* SIGKILL before the drain and its last writes end strands streams for a lease. */}}
+{{- $drainTimeout := .Values.worker.drainTimeout | default (printf "%s, the binary's default" (include "tether.defaultDrainTimeout" .)) }}
+{{- $drainSeconds := include "tether.durationSeconds" (.Values.worker.drainTimeout | default (include "tether.defaultDrainTimeout" .)) | float64 }}
+{{- $needed := addf $drainSeconds (include "tether.drainMarginSeconds" . | float64) }}
+{{- if le (float64 .Values.terminationGracePeriodSeconds) $needed }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must exceed worker.drainTimeout (%s) plus %s s for the writes after the drain (releasing what is left, leaving the fleet): set it above %v or shorten worker.drainTimeout" .Values.terminationGracePeriodSeconds $drainTimeout (include "tether.drainMarginSeconds" .) $needed) }}
 {{- end }}
 {{- end }}
