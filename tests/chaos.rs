@@ -25,7 +25,7 @@ async fn seeded_chaos_keeps_every_safety_property() {
     let seed = std::env::var("TETHER_CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(7);
+        .unwrap_or(33);
     let cfg = ChaosConfig {
         seed,
         duration: Duration::from_secs(40),

@@ -805,3 +805,197 @@ async fn table_create_is_idempotent() {
     let layout = store.check_table().await.unwrap();
     assert!(!layout.legacy_index);
 }
+
+/// A store for the same table reached through a DynamoDB fault proxy.
+async fn through_proxy(
+    store: &LeaseStore,
+) -> (LeaseStore, tether_testkit::dynamo_proxy::DynamoFaultProxy) {
+    let proxy = tether_testkit::dynamo_proxy::DynamoFaultProxy::start(
+        "127.0.0.1:0".parse().unwrap(),
+        &tether_testkit::store::endpoint().0,
+    )
+    .await
+    .unwrap();
+    let mut cfg = store_config(store.table());
+    cfg.endpoint = Some(proxy.endpoint());
+    let via = LeaseStore::connect(cfg, Arc::new(StoreMetrics::new()))
+        .await
+        .unwrap();
+    (via, proxy)
+}
+
+/// The owner's inbox after one renewal: the streams it was told about.
+async fn told(store: &LeaseStore, me: &Incarnation) -> Vec<StreamKey> {
+    let RenewOutcome::Renewed { changed } = store.renew(me, &renewal(1)).await.unwrap() else {
+        panic!("renewal failed")
+    };
+    changed.into_iter().map(|c| c.key).collect()
+}
+
+/// A control-plane write whose answer is lost lands all the same; its retry
+/// then fails its condition and reads the item back as wanted. That is the
+/// write landing, not "unchanged": the owner is told, or it would serve a
+/// STOPPED stream until something else made it look.
+#[tokio::test]
+async fn a_stop_whose_answer_was_lost_is_applied_and_reaches_the_owner() {
+    let store = fresh_store(None).await;
+    let record = create(&store, "lost-stop").await;
+    let me = worker(&store, "w").await;
+    acquire(&store, &record, &me).await;
+    let (via, proxy) = through_proxy(&store).await;
+    proxy.set(tether_testkit::dynamo_proxy::DynamoFault::LoseNextWriteAnswer);
+    assert_eq!(
+        via.upsert_desired(&desired("lost-stop", DesiredState::Stopped, 2))
+            .await
+            .unwrap(),
+        UpsertOutcome::Applied
+    );
+    assert_eq!(told(&store, &me).await, vec![record.key.clone()]);
+}
+
+/// The same for a deletion: a tombstone found after a lost answer is ours.
+#[tokio::test]
+async fn a_deletion_whose_answer_was_lost_is_reported_and_reaches_the_owner() {
+    let store = fresh_store(None).await;
+    let record = create(&store, "lost-delete").await;
+    let me = worker(&store, "w").await;
+    acquire(&store, &record, &me).await;
+    let (via, proxy) = through_proxy(&store).await;
+    proxy.set(tether_testkit::dynamo_proxy::DynamoFault::LoseNextWriteAnswer);
+    assert_eq!(
+        via.tombstone(&record.key, true, true).await.unwrap(),
+        TombstoneOutcome::Deleted
+    );
+    assert_eq!(told(&store, &me).await, vec![record.key.clone()]);
+}
+
+/// A stream is its resource (property 2c): a new resource of an old name, or
+/// a deleted stream created again, is a new identity. It gets a new creation
+/// time, a token above every earlier one (so the old owner's lease writes all
+/// fail, and a dead owner's packed checkpoint, kept under the old token, can
+/// never be carried over), and no checkpoint.
+#[tokio::test]
+async fn a_new_identity_of_an_old_name_gets_a_higher_token_and_nothing_of_the_old_progress() {
+    let store = fresh_store(None).await;
+    let mut first = desired("identity", DesiredState::Started, 1);
+    first.resource = Some(ResourceIdentity {
+        uid: "uid-a".into(),
+        created_ms: 1_000,
+        installation: String::new(),
+    });
+    store.upsert_desired(&first).await.unwrap();
+    let record = store.get(&first.key).await.unwrap().unwrap();
+    let me = worker(&store, "w").await;
+    let lease = acquire(&store, &record, &me).await;
+    assert_eq!(
+        store.fold_checkpoint(&lease, 50).await.unwrap(),
+        OwnerWrite::Done(())
+    );
+    let before = store.get(&first.key).await.unwrap().unwrap();
+    assert_eq!(before.last_seq, Some(50));
+    let mut second = desired("identity", DesiredState::Started, 1);
+    second.ws_url = "ws://127.0.0.1:1/another-feed".into();
+    second.resource = Some(ResourceIdentity {
+        uid: "uid-b".into(),
+        created_ms: 2_000,
+        installation: String::new(),
+    });
+    // Even through a lost answer: the retry must not bump the token twice.
+    let (via, proxy) = through_proxy(&store).await;
+    proxy.set(tether_testkit::dynamo_proxy::DynamoFault::LoseNextWriteAnswer);
+    assert_eq!(
+        via.upsert_desired(&second).await.unwrap(),
+        UpsertOutcome::Applied
+    );
+    let after = store.get(&first.key).await.unwrap().unwrap();
+    assert_eq!(after.uid.as_deref(), Some("uid-b"));
+    assert_eq!(after.last_seq, None, "no checkpoint of the old resource");
+    assert_eq!(after.lease_counter, before.lease_counter + 1);
+    assert!(after.created_at_ms > before.created_at_ms);
+    assert_eq!(
+        store.fold_checkpoint(&lease, 60).await.unwrap(),
+        OwnerWrite::Lost,
+        "the old lease writes nothing more"
+    );
+    assert_eq!(told(&store, &me).await, vec![first.key.clone()]);
+    // Standalone: deleted and applied again, likewise.
+    let tombstoned = store.tombstone(&first.key, false, true).await.unwrap();
+    assert_eq!(tombstoned, TombstoneOutcome::Deleted);
+    let deleted = store.get(&first.key).await.unwrap().unwrap();
+    let mut third = desired("identity", DesiredState::Started, 1);
+    third.resource = second.resource.clone().map(|mut r| {
+        r.uid = "uid-c".into();
+        r.created_ms = 3_000;
+        r
+    });
+    store.upsert_desired(&third).await.unwrap();
+    let revived = store.get(&first.key).await.unwrap().unwrap();
+    assert_eq!(revived.lease_counter, deleted.lease_counter + 1);
+    assert_eq!(revived.last_seq, None);
+}
+
+/// A worker's heartbeat version only grows: an earlier renewal that lands
+/// late (an attempt whose answer was given up on) cannot move it back, which
+/// a peer watching for a version that stood still would misread.
+#[tokio::test]
+async fn a_late_earlier_renewal_never_moves_the_heartbeat_version_back() {
+    let store = fresh_store(None).await;
+    let me = worker(&store, "w").await;
+    assert!(matches!(
+        store.renew(&me, &renewal(2)).await.unwrap(),
+        RenewOutcome::Renewed { .. }
+    ));
+    assert!(matches!(
+        store.renew(&me, &renewal(1)).await.unwrap(),
+        RenewOutcome::Renewed { .. }
+    ));
+    assert_eq!(
+        store.worker(&me).await.unwrap().unwrap().heartbeat_version,
+        2
+    );
+    // A renewal whose answer is lost is still a renewal, not a death.
+    let (via, proxy) = through_proxy(&store).await;
+    proxy.set(tether_testkit::dynamo_proxy::DynamoFault::LoseNextWriteAnswer);
+    assert!(matches!(
+        via.renew(&me, &renewal(3)).await.unwrap(),
+        RenewOutcome::Renewed { .. }
+    ));
+    assert_eq!(
+        store.worker(&me).await.unwrap().unwrap().heartbeat_version,
+        3
+    );
+}
+
+/// After a rolling upgrade, `finish-upgrade` drops version 1's index; a
+/// STARTED stream still under a lapsed version-1 lease would then be found by
+/// nothing. It is freed into an unowned partition (once its lease lapsed).
+#[tokio::test]
+async fn finish_upgrade_frees_streams_under_a_lapsed_version_1_lease() {
+    let store = fresh_store(None).await;
+    let key = StreamKey::new("test", "v1-leased");
+    raw_client()
+        .await
+        .put_item()
+        .table_name(store.table())
+        .item("Pk", AttributeValue::S(key.pk()))
+        .item("desired_state", AttributeValue::S("STARTED".into()))
+        .item("ws_url", AttributeValue::S("ws://127.0.0.1:1/v1".into()))
+        .item("lease_owner", AttributeValue::S("old-worker".into()))
+        .item(
+            "lease_expires_at_ms",
+            AttributeValue::N((tether::lease::now_ms() - 60_000).to_string()),
+        )
+        .item("lease_counter", AttributeValue::N("4".into()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(store.finish_upgrade().await.unwrap(), 1);
+    let found = store.unowned(key.shard()).await.unwrap();
+    let freed = found
+        .records
+        .iter()
+        .find(|r| r.key == key)
+        .expect("in an unowned partition");
+    assert_eq!(freed.ownership(), Ownership::Free);
+    assert_eq!(freed.lease_counter, 4, "the token carries on");
+}

@@ -38,8 +38,12 @@ pub struct StreamLog {
     pub seqs: BTreeMap<u64, u32>,
     /// Highest fencing token seen.
     pub max_token: u64,
-    /// Messages delivered with a token lower than one already seen.
+    /// Messages applied although their token was lower than one already
+    /// applied (a stale delivery).
     pub stale_messages: u64,
+    /// Messages with such a token that were refused with the fenced signal
+    /// (only while refusing stale tokens): not applied, so not stale.
+    pub refused_stale: u64,
     /// (arrival, token, worker) of each accepted batch.
     pub batches: Vec<(Instant, u64, String)>,
 }
@@ -136,7 +140,15 @@ impl VerifyingSink {
         lock(&self.state.streams).clone()
     }
 
-    /// Stale messages across all streams.
+    /// Messages refused as stale across all streams (while refusing).
+    pub fn refused_stale(&self) -> u64 {
+        lock(&self.state.streams)
+            .values()
+            .map(|l| l.refused_stale)
+            .sum()
+    }
+
+    /// Stale messages applied across all streams.
     pub fn stale_messages(&self) -> u64 {
         lock(&self.state.streams)
             .values()
@@ -156,10 +168,11 @@ async fn receive(
     let mut streams = lock(&state.streams);
     let log = streams.entry(payload.connection).or_default();
     if payload.token < log.max_token {
-        log.stale_messages += payload.messages.len() as u64;
         if state.reject_stale.load(Ordering::SeqCst) {
+            log.refused_stale += payload.messages.len() as u64;
             return (StatusCode::CONFLICT, [(FENCED_HEADER, "true")]).into_response();
         }
+        log.stale_messages += payload.messages.len() as u64;
     }
     state
         .messages

@@ -8,10 +8,11 @@
 //! version-1 workers may still run, and dropped by `tether table finish-upgrade`.
 
 use super::client::LeaseStore;
+use super::clock::now_ms;
 use super::codec::{HOLDER_INDEX_ATTRIBUTES, attr, n, s};
 use super::error::StoreError;
 use super::keys::STREAM_PK_PREFIX;
-use super::record::DesiredState;
+use super::record::{DesiredState, Ownership, StreamRecord};
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, CreateGlobalSecondaryIndexAction,
     DeleteGlobalSecondaryIndexAction, GlobalSecondaryIndex, GlobalSecondaryIndexUpdate,
@@ -28,6 +29,12 @@ pub const LEGACY_INDEX: &str = "by_state";
 const TABLE_ACTIVE_TIMEOUT: Duration = Duration::from_secs(600);
 /// Poll interval while waiting for ACTIVE.
 const TABLE_POLL: Duration = Duration::from_millis(200);
+/// A version-1 lease counts as lapsed this long after its expiry (room for
+/// the clocks of the version-1 writer and of whoever runs finish-upgrade).
+const LEGACY_LAPSE_ALLOWANCE_MS: u64 = 5_000;
+/// finish-upgrade waits at most this long for a version-1 lease to lapse
+/// (version 1's default lease is 20 s).
+const MAX_LEGACY_LAPSE_WAIT_MS: u64 = 60_000;
 
 /// What `tether table create` did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -305,9 +312,12 @@ impl LeaseStore {
     }
 
     /// Ends a rolling upgrade from version 1: gives every free STARTED stream
-    /// that lacks one its `holder` (version-1 writers never set it), then drops
-    /// `by_state`. Run it only once no version-1 process uses the table. Returns
-    /// how many items were given a holder. A scan: an administrative command.
+    /// that lacks one its `holder` (version-1 writers never set it), frees the
+    /// STARTED streams still under a version-1 lease once it has lapsed (after
+    /// `by_state` is gone, nothing else would find them), then drops
+    /// `by_state`. Run it only once no version-1 process uses the table.
+    /// Returns how many items were given a holder. A scan: an administrative
+    /// command.
     pub async fn finish_upgrade(&self) -> Result<usize, StoreError> {
         let layout = self.check_table().await?;
         let mut fixed = 0;
@@ -315,6 +325,19 @@ impl LeaseStore {
             let Ok(record) = super::codec::stream_record(&item) else {
                 continue;
             };
+            if let Ownership::Legacy {
+                owner,
+                expires_at_ms,
+            } = record.ownership()
+                && record.desired_state == DesiredState::Started
+                && !record.is_tombstone()
+            {
+                fixed += usize::from(
+                    self.free_lapsed_legacy(&record, &owner, expires_at_ms)
+                        .await?,
+                );
+                continue;
+            }
             let free = record.lease_expires_at_ms == 0;
             if record.holder.is_some()
                 || !free
@@ -365,5 +388,46 @@ impl LeaseStore {
             self.wait_active(|l| !l.legacy_index).await?;
         }
         Ok(fixed)
+    }
+
+    /// Frees a STARTED stream under a version-1 lease once that lease has
+    /// lapsed by this clock, with room for skew (no version-1 process runs
+    /// any more, so it will not be renewed): expiry 0 and an unowned
+    /// partition, under the condition that the lease is still the one read.
+    async fn free_lapsed_legacy(
+        &self,
+        record: &StreamRecord,
+        owner: &str,
+        expires_at_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let lapsed_at = expires_at_ms.saturating_add(LEGACY_LAPSE_ALLOWANCE_MS);
+        let wait = lapsed_at.saturating_sub(now_ms());
+        if wait > MAX_LEGACY_LAPSE_WAIT_MS {
+            tracing::warn!(stream = %record.key, owner, "a version-1 lease runs on far ahead: left as it is (run finish-upgrade again once it has lapsed)");
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        let key = record.key.pk();
+        let done = self
+            .call("finish_upgrade", Some(&key), || {
+                self.client
+                    .update_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(&key))
+                    .update_expression("SET #h = :h, #e = :zero")
+                    .condition_expression(
+                        "lease_owner = :owner AND #e = :observed AND desired_state = :started",
+                    )
+                    .expression_attribute_names("#h", attr::HOLDER)
+                    .expression_attribute_names("#e", attr::LEASE_EXPIRES_AT_MS)
+                    .expression_attribute_values(":h", s(record.key.unowned_holder()))
+                    .expression_attribute_values(":zero", n(0))
+                    .expression_attribute_values(":owner", s(owner))
+                    .expression_attribute_values(":observed", n(expires_at_ms))
+                    .expression_attribute_values(":started", s(DesiredState::Started.as_str()))
+                    .send()
+            })
+            .await?;
+        Ok(done.is_ok())
     }
 }

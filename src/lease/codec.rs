@@ -43,6 +43,8 @@ pub mod attr {
     pub const DELETED_AT_MS: &str = "deleted_at_ms";
     // Worker items.
     pub const INCARNATION: &str = "incarnation";
+    /// The roster item's set of enrolled incarnations.
+    pub const ROSTER: &str = "incarnations";
     pub const WORKER_STATE: &str = "worker_state";
     pub const HEARTBEAT_VERSION: &str = "heartbeat_version";
     pub const HEARTBEAT_AT_MS: &str = "heartbeat_at_ms";

@@ -191,6 +191,10 @@ impl LeaseStore {
         })?;
         // Compare as stored: the spec goes through a JSON string.
         let spec: serde_json::Value = serde_json::from_str(&spec_text).unwrap_or_default();
+        // Whether a write of ours may have landed unanswered: a retry whose
+        // condition then failed, and a re-read that finds the item as wanted,
+        // is that write, and its owner must still be told.
+        let mut wrote = false;
         for _ in 0..MAX_CONTROL_ATTEMPTS {
             let current = self.get(key).await?;
             if let Some(c) = &current {
@@ -198,7 +202,13 @@ impl LeaseStore {
                     return Ok(UpsertOutcome::Refused { reason: refusal });
                 }
                 if matches(c, desired, &spec) {
-                    return Ok(UpsertOutcome::Unchanged);
+                    if !wrote {
+                        return Ok(UpsertOutcome::Unchanged);
+                    }
+                    if let Ownership::Owned(owner) = c.ownership() {
+                        self.notify_owner(&owner, key).await?;
+                    }
+                    return Ok(UpsertOutcome::Applied);
                 }
             }
             let ownership = current
@@ -214,11 +224,34 @@ impl LeaseStore {
             g.set("spec = :spec", ":spec", s(&spec_text));
             g.set("#gen = :g", ":g", n(desired.generation));
             g.set("#exp = if_not_exists(#exp, :zero)", ":zero", n(0));
-            g.set(
-                "created_at_ms = if_not_exists(created_at_ms, :now)",
-                ":now",
-                n(now_ms()),
-            );
+            let reviving = current.as_ref().is_some_and(StreamRecord::is_tombstone);
+            let replacing = current.as_ref().is_some_and(|c| {
+                c.uid.is_some() && c.uid != desired.resource.as_ref().map(|r| r.uid.clone())
+            });
+            // A new identity of an old name (property 2c): a new creation
+            // (standalone identity is name + creation), a token above every
+            // earlier one, and nothing of the old stream's progress. The
+            // owner, if any, keeps the item but not at the token it holds:
+            // every write of its old lease fails from here, it closes the
+            // old session when told (or at its next audit), and it serves
+            // the new stream afresh by adopting it at the new token; a dead
+            // owner's packed checkpoint, kept under the old token, is never
+            // carried over.
+            let new_identity = reviving || replacing;
+            if new_identity {
+                g.set("created_at_ms = :now", ":now", n(now_ms()));
+                g.set(
+                    "lease_counter = if_not_exists(lease_counter, :zero) + :one",
+                    ":one",
+                    n(1),
+                );
+            } else {
+                g.set(
+                    "created_at_ms = if_not_exists(created_at_ms, :now)",
+                    ":now",
+                    n(now_ms()),
+                );
+            }
             if let Some(r) = &desired.resource {
                 g.set("uid = :uid", ":uid", s(&r.uid));
                 g.set("resource_created_ms = :rc", ":rc", n(r.created_ms));
@@ -238,17 +271,13 @@ impl LeaseStore {
                 }
                 None => {}
             }
-            let reviving = current.as_ref().is_some_and(StreamRecord::is_tombstone);
-            let replacing = current.as_ref().is_some_and(|c| {
-                c.uid.is_some() && c.uid != desired.resource.as_ref().map(|r| r.uid.clone())
-            });
-            if reviving || replacing {
-                // A new stream of an old name: no checkpoint, no stale status;
-                // the fencing token carries on.
+            if new_identity {
+                // No checkpoint, no stale status.
                 g.remove.push(attr::DELETED_AT_MS);
                 g.remove.push(attr::LAST_SEQ);
                 g.remove.extend(STATUS_ATTRIBUTES);
             }
+            wrote = true;
             if self.guarded_write("upsert_desired", key, &g).await? {
                 if let Ownership::Owned(owner) = ownership {
                     self.notify_owner(&owner, key).await?;
@@ -272,10 +301,22 @@ impl LeaseStore {
         owner_alive: bool,
         force: bool,
     ) -> Result<TombstoneOutcome, StoreError> {
+        // As in `upsert_desired`: a tombstone found after a write of ours
+        // whose answer was lost is ours, and its owner must still be told.
+        let mut wrote = false;
         for _ in 0..MAX_CONTROL_ATTEMPTS {
-            let Some(current) = self.get(key).await?.filter(|c| !c.is_tombstone()) else {
+            let Some(current) = self.get(key).await? else {
                 return Ok(TombstoneOutcome::NotFound);
             };
+            if current.is_tombstone() {
+                if !wrote {
+                    return Ok(TombstoneOutcome::NotFound);
+                }
+                if let Ownership::Owned(owner) = current.ownership() {
+                    self.notify_owner(&owner, key).await?;
+                }
+                return Ok(TombstoneOutcome::Deleted);
+            }
             let ownership = current.ownership();
             let owned = match &ownership {
                 Ownership::Free => false,
@@ -298,6 +339,7 @@ impl LeaseStore {
             if ownership == Ownership::Free {
                 g.remove.push(attr::HOLDER);
             }
+            wrote = true;
             if self.guarded_write("tombstone", key, &g).await? {
                 if let Ownership::Owned(owner) = ownership {
                     self.notify_owner(&owner, key).await?;

@@ -109,22 +109,24 @@ impl LeaseStore {
             })
             .await?;
         match out {
-            Ok(o) => {
-                self.record_capacity("register", o.consumed_capacity());
-                Ok(())
-            }
+            Ok(o) => self.record_capacity("register", o.consumed_capacity()),
             // A retry (here or by the caller, with a later clock) of a put
             // that landed: 64 random bits drawn by this process mean nobody
             // else writes this item, so it is ours. If a lease passed and it
             // was declared dead meanwhile, the first renewal finds out.
             Err(ConditionFailed) => match self.worker(me).await? {
-                Some(w) if w.incarnation == *me => Ok(()),
-                _ => Err(StoreError::Rejected {
-                    operation: "register",
-                    detail: format!("incarnation {me} already exists"),
-                }),
+                Some(w) if w.incarnation == *me => {}
+                _ => {
+                    return Err(StoreError::Rejected {
+                        operation: "register",
+                        detail: format!("incarnation {me} already exists"),
+                    });
+                }
             },
         }
+        // After the item: an enrolled incarnation without an item is taken
+        // for one whose item vanished, and declared dead.
+        self.enroll(me).await
     }
 
     /// Renews this incarnation: bumps the version, writes load and checkpoint
@@ -151,7 +153,9 @@ impl LeaseStore {
                     .table_name(&self.table)
                     .key(attr::PK, s(&pk))
                     .update_expression(&update)
-                    .condition_expression("worker_state = :live")
+                    // Versions only grow: an earlier renewal's attempt that
+                    // lands late (its answer given up on) cannot move it back.
+                    .condition_expression("worker_state = :live AND heartbeat_version < :v")
                     .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
                     .expression_attribute_values(":v", n(renewal.version))
                     .expression_attribute_values(":now", n(now_ms()))
@@ -186,7 +190,18 @@ impl LeaseStore {
                     .unwrap_or_default();
                 Ok(RenewOutcome::Renewed { changed })
             }
-            Err(ConditionFailed) => Ok(RenewOutcome::Dead),
+            // Not LIVE any more, or this very renewal landed and its answer
+            // was lost (the retry then finds the version already there).
+            Err(ConditionFailed) => Ok(match self.worker(me).await? {
+                Some(w)
+                    if w.state == WorkerState::Live && w.heartbeat_version >= renewal.version =>
+                {
+                    RenewOutcome::Renewed {
+                        changed: w.changed_streams,
+                    }
+                }
+                _ => RenewOutcome::Dead,
+            }),
         }
     }
 
@@ -521,17 +536,21 @@ impl LeaseStore {
             self.delete_checkpoint_shard(who, shard).await?;
         }
         let pk = who.pk();
-        self.call("forget_worker", Some(&pk), || {
-            self.client
-                .delete_item()
-                .table_name(&self.table)
-                .key(attr::PK, s(&pk))
-                .condition_expression("worker_state <> :live")
-                .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
-                .send()
-        })
-        .await?
-        .ok();
+        let deleted = self
+            .call("forget_worker", Some(&pk), || {
+                self.client
+                    .delete_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(&pk))
+                    .condition_expression("worker_state <> :live")
+                    .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
+                    .send()
+            })
+            .await?;
+        // Off the roster only once its item is gone and it holds nothing.
+        if deleted.is_ok() {
+            self.unenroll(who).await?;
+        }
         Ok(())
     }
 

@@ -27,6 +27,7 @@ mod pages;
 mod reads;
 mod record;
 pub mod retry;
+mod roster;
 mod status;
 mod view;
 

@@ -154,6 +154,17 @@ impl Sink {
         }
     }
 
+    /// How long after sending a request the sink may still apply it: its
+    /// timeout, which the sink contract asks sinks not to outlive (a sink
+    /// that checks tokens needs no such promise). `None` for the log sink,
+    /// which writes before it returns.
+    pub fn settle_bound(&self) -> Option<Duration> {
+        match self {
+            Self::Log(_) => None,
+            _ => Some(self.batching().timeout),
+        }
+    }
+
     /// Most messages per batch.
     pub fn max_batch(&self) -> usize {
         self.batching().max_batch

@@ -1,8 +1,10 @@
 //! Delivering a batch to the sink until it is acknowledged, the fence closes,
 //! or the session is aborted. Every attempt and every backoff sleep is raced
-//! against the fence (itself, as renewals move it), so nothing is in flight
-//! after it closes (DESIGN property 1b); while a batch is retried nothing is
-//! read (backpressure).
+//! against the fence (itself, as renewals move it), so nothing is sent after
+//! it closes (DESIGN property 1b); while a batch is retried nothing is read
+//! (backpressure). A request that was sent cannot be unsent: one cut short
+//! stays on record in the stream's progress until the sink's timeout has
+//! passed, and a voluntary release waits for that.
 
 use super::fence::Fence;
 use super::progress::StreamProgress;
@@ -83,6 +85,13 @@ impl Delivery<'_> {
             // slow sink answers, and an attempt cut at a deadline that has
             // since moved would end a healthy session (and replay its batch)
             // once per fence window.
+            // Cut short below (fence, abort) or by the session being dropped,
+            // this request stays on record until the sink may no longer
+            // apply it, and a release waits for that.
+            let in_flight = self
+                .sink
+                .settle_bound()
+                .map(|bound| self.progress.in_flight(sent + bound));
             let result = tokio::select! {
                 // An answer that is in is taken: it was sent inside the fence.
                 biased;
@@ -91,6 +100,9 @@ impl Delivery<'_> {
                 () = self.fence.closed() => return Err(Undelivered::Fenced),
                 _ = self.abort.cancelled() => return Err(Undelivered::Aborted),
             };
+            if let Some(in_flight) = in_flight {
+                in_flight.answered();
+            }
             self.metrics
                 .sink_batch_seconds
                 .observe(sent.elapsed().as_secs_f64());
@@ -297,12 +309,15 @@ mod tests {
     /// deadline did when it was sent.
     #[tokio::test]
     async fn a_slow_post_is_waited_for_while_renewals_keep_the_fence_open() {
-        let fence = std::sync::Arc::new(Fence::new(Duration::from_millis(300), Instant::now()));
+        let fence = std::sync::Arc::new(Fence::new(
+            Duration::from_millis(300),
+            crate::worker::fence::Sent::now(),
+        ));
         let renewals = tokio::spawn({
             let fence = fence.clone();
             async move {
                 loop {
-                    fence.confirm(Instant::now());
+                    fence.confirm(crate::worker::fence::Sent::now());
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
@@ -316,7 +331,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_post_still_in_flight_when_the_fence_closes_is_abandoned_at_the_fence() {
-        let fence = Fence::new(Duration::from_millis(300), Instant::now());
+        let fence = Fence::new(
+            Duration::from_millis(300),
+            crate::worker::fence::Sent::now(),
+        );
         // A timeout far longer than the fence: only the fence can end this POST.
         let (ended, acked, left) = deliver_one(
             silent_sink().await,

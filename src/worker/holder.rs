@@ -34,6 +34,10 @@ pub enum HolderEnd {
     /// The release could not be written; the stream stays owned in the table
     /// until the audit adopts it or the incarnation's items move.
     ReleaseFailed,
+    /// Shutting down with a sink request out that the sink may still apply
+    /// after the drain budget: not released, so the next owner takes the
+    /// stream only when this worker's lease has lapsed.
+    Withheld,
 }
 
 /// A running session; aborted when dropped.
@@ -148,6 +152,12 @@ impl Holder {
             let fence = self.deps.fence.clone();
             let progress = self.held.progress.clone();
             let mut session: Option<Running> = None;
+            // Adopted by the audit or a resolved acquire while STOPPED (or
+            // deleted): released, never served.
+            if self.record.desired_state == DesiredState::Stopped {
+                tracing::info!(stream = %self.record.key, "adopted a STOPPED stream: releasing it unserved");
+                return Box::pin(self.release(&mut session, ReleaseReason::Stopped)).await;
+            }
             loop {
                 // Not when leaving: the loop's first branch releases next,
                 // and a session started now would only be stopped again.
@@ -444,9 +454,28 @@ impl Holder {
     /// checkpoint. The release is always attempted.
     async fn release(&mut self, session: &mut Option<Running>, reason: ReleaseReason) -> HolderEnd {
         let key = self.held.lease.key.clone();
+        let started = Instant::now();
         if let Some(running) = session.take() {
             let budget = self.ctx.settings.drain_timeout.mul_f64(DRAIN_STOP_SHARE);
             self.stop_session(running, budget).await;
+        }
+        // A request the session sent and never saw answered may still be
+        // applied by the sink, and the next owner's batches must not come
+        // before it (property 1b): release once it can no longer be applied.
+        // Shutting down, past the drain budget, the lease lapses instead.
+        if let Some(until) = self.held.progress.unsettled_until() {
+            let drain_ends = started + self.ctx.settings.drain_timeout;
+            if reason == ReleaseReason::Shutdown && until > drain_ends {
+                self.ctx
+                    .metrics
+                    .releases
+                    .get_or_create(&[("result", "withheld")])
+                    .inc();
+                tracing::warn!(stream = %key, "a sink request is still out past the drain budget: not releasing; the stream moves when this worker's lease lapses");
+                return HolderEnd::Withheld;
+            }
+            tracing::info!(stream = %key, wait = ?until.saturating_duration_since(Instant::now()), "waiting until the sink can no longer apply a request still out, then releasing");
+            sleep_until(until).await;
         }
         let checkpoint = self.held.progress.acked();
         let (phase, why) = match reason {

@@ -3,16 +3,27 @@
 //! fence on every confirmed renewal and routes inbox changes to holders. It
 //! keeps running while the worker drains, so draining never outlives the fence
 //! for lack of renewals.
+//!
+//! The renewal is the only write on the heartbeat's critical path. What else
+//! a heartbeat has to write (further checkpoint shards, stale shards to
+//! delete, idle streams' checkpoints folded into their items) are chores run
+//! beside the next heartbeats, one batch at a time: in a brownout, where every
+//! call takes a second, they would otherwise push the next renewal past the
+//! fence and a healthy worker would fence itself. A shard written after the
+//! renewal that counts it can only be read as missing or older meanwhile,
+//! which costs a takeover replayed messages, never a lost one.
 
 use super::WorkerCtx;
-use super::checkpoints::Packer;
-use super::fence::Fence;
-use super::registry::Registry;
+use super::checkpoints::{Packer, Shard};
+use super::fence::{Fence, Sent};
+use super::registry::{HeldStream, Registry};
 use super::settings::RENEW_RETRY;
-use crate::lease::{Incarnation, OwnerWrite, RenewOutcome, Renewal};
+use crate::lease::{Incarnation, LeaseStore, OwnerWrite, RenewOutcome, Renewal};
+use futures::FutureExt;
 use std::sync::Arc;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 /// How the liveness task ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -38,6 +49,52 @@ pub struct Liveness {
     version: u64,
     /// Inbox entries handled, to delete with the next renewal.
     handled: Vec<String>,
+    /// The chores of an earlier heartbeat, still running beside this one.
+    chores: Option<AbortOnDropHandle<ChoresDone>>,
+}
+
+/// What a heartbeat leaves to be written off its critical path.
+struct Chores {
+    changed_shards: Vec<(u32, Shard)>,
+    stale_shards: Vec<u32>,
+    folds: Vec<(HeldStream, u64)>,
+}
+
+/// What the chores wrote, for the packer's memory.
+#[derive(Default)]
+struct ChoresDone {
+    written: Vec<(u32, Shard)>,
+    truncated: Vec<u32>,
+}
+
+impl Chores {
+    async fn run(self, store: LeaseStore, me: Incarnation) -> ChoresDone {
+        let mut done = ChoresDone::default();
+        for (number, entries) in self.changed_shards {
+            let refs: Vec<_> = entries.iter().map(|(k, c)| (k, c)).collect();
+            match store.write_checkpoint_shard(&me, number, &refs).await {
+                Ok(()) => done.written.push((number, entries)),
+                Err(e) => {
+                    tracing::warn!(error = %e, shard = number, "checkpoint shard not written")
+                }
+            }
+        }
+        for number in self.stale_shards {
+            if store.delete_checkpoint_shard(&me, number).await.is_ok() {
+                done.truncated.push(number);
+            }
+        }
+        for (h, seq) in self.folds {
+            match store.fold_checkpoint(&h.lease, seq).await {
+                Ok(OwnerWrite::Done(())) => h.progress.mark_persisted(seq),
+                Ok(OwnerWrite::Lost) => {}
+                Err(e) => {
+                    tracing::debug!(stream = %h.lease.key, error = %e, "checkpoint fold failed")
+                }
+            }
+        }
+        done
+    }
 }
 
 impl Liveness {
@@ -55,7 +112,31 @@ impl Liveness {
             packer: Packer::default(),
             version: 0,
             handled: Vec::new(),
+            chores: None,
         }
+    }
+
+    /// Takes in what the last chores wrote; `true` when none are running.
+    fn chores_finished(&mut self) -> bool {
+        let Some(running) = &self.chores else {
+            return true;
+        };
+        if !running.is_finished() {
+            return false;
+        }
+        let done = self
+            .chores
+            .take()
+            .and_then(|mut handle| (&mut handle).now_or_never())
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        for (number, entries) in done.written {
+            self.packer.written(number, entries);
+        }
+        for number in done.truncated {
+            self.packer.truncated(number);
+        }
+        true
     }
 
     pub async fn run(mut self, stop: CancellationToken) -> LivenessEnd {
@@ -65,9 +146,9 @@ impl Liveness {
                 _ = sleep_until(next) => {}
                 _ = stop.cancelled() => return LivenessEnd::Stopped,
             }
-            let sent = Instant::now();
+            let sent = Sent::now();
             match self.beat(sent).await {
-                Beat::Renewed => next = sent + self.ctx.settings.heartbeat_interval,
+                Beat::Renewed => next = sent.at() + self.ctx.settings.heartbeat_interval,
                 Beat::Failed => next = Instant::now() + RENEW_RETRY,
                 Beat::Dead => {
                     self.fence.revoke();
@@ -77,25 +158,12 @@ impl Liveness {
         }
     }
 
-    async fn beat(&mut self, sent: Instant) -> Beat {
+    async fn beat(&mut self, sent: Sent) -> Beat {
+        let chores_idle = self.chores_finished();
         let metrics = &self.ctx.metrics;
         self.version += 1;
         let held = self.registry.snapshot();
         let packed = self.packer.pack(&held);
-        for (number, entries) in packed.changed_shards {
-            let refs: Vec<_> = entries.iter().map(|(k, c)| (k, c)).collect();
-            match self
-                .ctx
-                .store
-                .write_checkpoint_shard(&self.me, number, &refs)
-                .await
-            {
-                Ok(()) => self.packer.written(number, entries),
-                Err(e) => {
-                    tracing::warn!(error = %e, shard = number, "checkpoint shard not written")
-                }
-            }
-        }
         let renewal = Renewal {
             version: self.version,
             lease_ms: self.ctx.settings.lease_duration.as_millis() as u64,
@@ -115,25 +183,17 @@ impl Liveness {
                         h.signals.changed.notify_one();
                     }
                 }
-                for number in packed.stale_shards {
-                    if self
-                        .ctx
-                        .store
-                        .delete_checkpoint_shard(&self.me, number)
-                        .await
-                        .is_ok()
-                    {
-                        self.packer.truncated(number);
-                    }
-                }
-                for (h, seq) in packed.folds {
-                    match self.ctx.store.fold_checkpoint(&h.lease, seq).await {
-                        Ok(OwnerWrite::Done(())) => h.progress.mark_persisted(seq),
-                        Ok(OwnerWrite::Lost) => {}
-                        Err(e) => {
-                            tracing::debug!(stream = %h.lease.key, error = %e, "checkpoint fold failed")
-                        }
-                    }
+                // Still busy with earlier chores: these wait for a later
+                // heartbeat (the packer offers them again).
+                if chores_idle {
+                    let chores = Chores {
+                        changed_shards: packed.changed_shards,
+                        stale_shards: packed.stale_shards,
+                        folds: packed.folds,
+                    };
+                    self.chores = Some(AbortOnDropHandle::new(tokio::spawn(
+                        chores.run(self.ctx.store.clone(), self.me.clone()),
+                    )));
                 }
                 Beat::Renewed
             }

@@ -32,7 +32,7 @@ use crate::lease::{Incarnation, LeaseStore, OwnerWrite, ReleaseReason, SessionSt
 use crate::metrics::WorkerMetrics;
 use acquirer::{Acquired, Acquirer};
 pub use error::WorkerError;
-use fence::Fence;
+use fence::{Fence, Sent};
 use holder::{Holder, HolderEnd};
 use liveness::{Liveness, LivenessEnd};
 use registry::Registry;
@@ -204,17 +204,32 @@ async fn register(
         }
     }
     if let Some(pod) = &pod {
-        let fleet = ctx.store.fleet().await?;
-        for dead in ctx
-            .store
-            .declare_restarted_dead(me, pod, &fleet.workers)
-            .await?
-        {
-            ctx.metrics.workers_declared_dead.inc();
-            tracing::info!(previous = %dead, restarts = pod.restart_count, "this container restarted: its previous incarnation is gone, taking its streams back now");
+        // Only a shortcut: when it cannot be had, peers wait for the lease.
+        match declare_predecessors_dead(ctx, me, pod).await {
+            Ok(dead) => {
+                for previous in dead {
+                    ctx.metrics.workers_declared_dead.inc();
+                    tracing::info!(%previous, restarts = pod.restart_count, "this container restarted: its previous incarnation is gone, taking its streams back now");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check for this container's previous incarnation; its streams move after the lease")
+            }
         }
     }
     Ok(true)
+}
+
+/// Marks DEAD the incarnations of this container's earlier runs.
+async fn declare_predecessors_dead(
+    ctx: &WorkerCtx,
+    me: &Incarnation,
+    pod: &crate::lease::PodIdentity,
+) -> Result<Vec<Incarnation>, StoreError> {
+    let fleet = ctx.store.fleet().await?;
+    ctx.store
+        .declare_restarted_dead(me, pod, &fleet.workers)
+        .await
 }
 
 async fn incarnation(
@@ -225,7 +240,7 @@ async fn incarnation(
 ) -> Result<Ended, WorkerError> {
     let me = Incarnation::new(&ctx.settings.worker_id);
     // The fence counts from before registration was sent.
-    let before = Instant::now();
+    let before = Sent::now();
     if !register(&ctx, &me, shutdown).await? {
         return Ok(Ended::Shutdown);
     }
@@ -310,6 +325,10 @@ async fn incarnation(
     .await;
     drop(marker);
     let left = final_audit(&ctx, &registry, &acquirer).await;
+    // Nothing needs the fence any more; a renewal racing the LEFT mark would
+    // read as "declared dead". Streams left owned move when the lease lapses.
+    stop_liveness.cancel();
+    let _ = liveness.await;
     if left {
         match ctx.store.leave(&me).await {
             Ok(()) => tracing::info!("left the fleet"),
@@ -320,8 +339,6 @@ async fn incarnation(
     } else {
         tracing::warn!("some streams could not be released; peers take them over after a lease");
     }
-    stop_liveness.cancel();
-    let _ = liveness.await;
     ctx.metrics.active_connections.set(0);
     tracing::info!("worker stopped");
     Ok(Ended::Shutdown)
@@ -340,10 +357,20 @@ fn holder_ended(
         Err(e) => (e.id(), None),
     };
     if let Some(key) = keys.remove(&id) {
-        registry.remove(&key);
+        // A withheld stream stays listed: the final audit must leave it owned.
+        if end != Some(HolderEnd::Withheld) {
+            registry.remove(&key);
+        }
         match end {
             Some(HolderEnd::Released(_)) => released.notify_one(),
-            Some(end) => tracing::info!(stream = %key, ?end, "holder ended"),
+            Some(end) => {
+                // Lost may mean re-created under this very incarnation at a
+                // new token: the audit adopts it as the new stream it is.
+                if end == HolderEnd::Lost {
+                    registry.request_audit();
+                }
+                tracing::info!(stream = %key, ?end, "holder ended")
+            }
             None => {
                 tracing::error!(stream = %key, "holder task panicked; the audit will serve the stream again")
             }
@@ -416,6 +443,20 @@ async fn final_audit(ctx: &WorkerCtx, registry: &Registry, acquirer: &Acquirer) 
     };
     let mut all_released = true;
     for record in owned {
+        // A sink request still out: releasing now could let the next owner
+        // deliver before it lands; the lease lapses instead.
+        if registry
+            .get(&record.key)
+            .is_some_and(|h| h.progress.unsettled_until().is_some())
+        {
+            tracing::warn!(stream = %record.key, "a sink request is still out: not releasing; the stream moves when this worker's lease lapses");
+            ctx.metrics
+                .releases
+                .get_or_create(&[("result", "withheld")])
+                .inc();
+            all_released = false;
+            continue;
+        }
         let lease = crate::lease::Lease {
             key: record.key.clone(),
             owner: acquirer.me().clone(),

@@ -5,6 +5,7 @@
 use crate::lease::{Phase, SessionStatus};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use tokio::time::Instant;
 
 /// `AtomicU64` value standing for "no checkpoint".
 const NONE: u64 = u64::MAX;
@@ -24,6 +25,40 @@ pub struct StreamProgress {
     status_dirty: AtomicBool,
     /// Signalled when the status changes, so the holder writes it soon.
     status_changed: tokio::sync::Notify,
+    /// Sink requests that may still be applied: see [`Requests`].
+    requests: Mutex<Requests>,
+}
+
+/// Sink requests of this stream whose application cannot be ruled out yet.
+/// A request is on record from before it is sent until its answer arrives;
+/// one that never gets an answer (its session was stopped, aborted or fenced
+/// while it was out) stays on record until the send plus the sink's timeout:
+/// dropping a client future does not unsend the bytes. Nothing here waits for
+/// a drop to happen, so a release that looks right after stopping a session
+/// sees the request that session had out.
+#[derive(Debug, Default)]
+struct Requests {
+    /// The request out now, and until when the sink may apply it.
+    out: Option<Instant>,
+    /// The latest such instant of requests never answered.
+    abandoned: Option<Instant>,
+}
+
+/// A sink request on record (see [`StreamProgress::in_flight`]).
+#[must_use = "a request left on record holds up the stream's release until the sink's timeout"]
+pub struct InFlight<'a> {
+    progress: &'a StreamProgress,
+}
+
+impl InFlight<'_> {
+    /// The sink answered: nothing of this request is left to settle.
+    pub fn answered(self) {
+        lock(&self.progress.requests).out = None;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl StreamProgress {
@@ -36,7 +71,28 @@ impl StreamProgress {
             status: Mutex::new(SessionStatus::default()),
             status_dirty: AtomicBool::new(false),
             status_changed: tokio::sync::Notify::new(),
+            requests: Mutex::new(Requests::default()),
         }
+    }
+
+    /// Puts a sink request on record before it is sent: the sink may apply
+    /// it until `settles_by`. A request still out (never answered) is kept
+    /// as abandoned.
+    pub fn in_flight(&self, settles_by: Instant) -> InFlight<'_> {
+        let mut requests = lock(&self.requests);
+        requests.abandoned = requests.abandoned.max(requests.out.take());
+        requests.out = Some(settles_by);
+        InFlight { progress: self }
+    }
+
+    /// Until when a sink request that was sent and not answered may still be
+    /// applied, if that is still ahead.
+    pub fn unsettled_until(&self) -> Option<Instant> {
+        let requests = lock(&self.requests);
+        requests
+            .abandoned
+            .max(requests.out)
+            .filter(|until| *until > Instant::now())
     }
 
     /// The checkpoint: the highest acknowledged sequence number, if any.
@@ -76,7 +132,7 @@ impl StreamProgress {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, SessionStatus> {
-        self.status.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.status)
     }
 
     /// Changes the status; the holder writes it (rate-limited) when it changed.
@@ -129,6 +185,23 @@ impl StreamProgress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request cut short stays on record until the sink's timeout, also
+    /// when a later session's request is answered meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_never_answered_holds_the_release_until_the_sink_timeout() {
+        let p = StreamProgress::new(None, None);
+        assert_eq!(p.unsettled_until(), None);
+        let first = Instant::now() + std::time::Duration::from_secs(10);
+        let cut_short = p.in_flight(first);
+        drop(cut_short);
+        assert_eq!(p.unsettled_until(), Some(first));
+        let second = Instant::now() + std::time::Duration::from_secs(3);
+        p.in_flight(second).answered();
+        assert_eq!(p.unsettled_until(), Some(first), "the first is still out");
+        tokio::time::advance(std::time::Duration::from_secs(10)).await;
+        assert_eq!(p.unsettled_until(), None, "past the sink's timeout");
+    }
 
     #[test]
     fn no_checkpoint_and_checkpoint_zero_are_different() {

@@ -5,6 +5,7 @@
 use super::progress::StreamProgress;
 use crate::lease::{Lease, StreamKey};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +39,10 @@ impl HeldStream {
 #[derive(Debug, Default)]
 pub struct Registry {
     streams: Mutex<HashMap<StreamKey, HeldStream>>,
+    /// A holder found its stream owned by this incarnation at a token it
+    /// does not hold (a re-created stream): audit at the next pass instead
+    /// of the next scheduled one, so the new stream is adopted at once.
+    audit_requested: AtomicBool,
 }
 
 impl Registry {
@@ -72,6 +77,16 @@ impl Registry {
     /// Streams held and not being handed over: the load fair share counts.
     pub fn staying(&self) -> usize {
         self.lock().values().filter(|h| h.staying()).count()
+    }
+
+    /// Asks the acquirer to audit this incarnation's streams at its next pass.
+    pub fn request_audit(&self) {
+        self.audit_requested.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether an audit was asked for since the last call.
+    pub fn take_audit_request(&self) -> bool {
+        self.audit_requested.swap(false, Ordering::SeqCst)
     }
 
     pub fn snapshot(&self) -> Vec<HeldStream> {

@@ -397,8 +397,9 @@ async fn pump(
             }
             _ = &mut fenced => {
                 // Nothing more may be delivered: drop the batch (it will be
-                // replayed from the checkpoint) and close at once.
-                Box::pin(close(ws, CloseCode::Away)).await;
+                // replayed from the checkpoint) and close at once, without
+                // waiting for a close handshake: the fence margin is for the
+                // socket to be gone, not for the upstream to answer.
                 return PumpEnd::Ended(SessionEnd::Fenced);
             }
             _ = &mut stopped => {
@@ -444,7 +445,10 @@ async fn pump(
         // in hand, and delivering it saves a replay.
         if (flush_now || ended.is_some()) && !intake.batch.is_empty() {
             if let Err(u) = Box::pin(delivery.deliver(&mut intake.batch)).await {
-                Box::pin(close(ws, CloseCode::Away)).await;
+                // Fenced: the socket goes at once (see above).
+                if !matches!(u, Undelivered::Fenced) {
+                    Box::pin(close(ws, CloseCode::Away)).await;
+                }
                 return PumpEnd::Ended(u.into());
             }
             lingering = false;
@@ -583,7 +587,10 @@ mod tests {
             sink_policy: policy,
             kinesis_streams: KinesisStreams::new(["*"]),
             metrics: Arc::new(WorkerMetrics::default()),
-            fence: Arc::new(Fence::new(Duration::from_secs(10), Instant::now())),
+            fence: Arc::new(Fence::new(
+                Duration::from_secs(10),
+                crate::worker::fence::Sent::now(),
+            )),
         })
     }
 

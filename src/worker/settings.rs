@@ -26,6 +26,12 @@ pub const UNOWNED_SCAN_PERIOD: Duration = Duration::from_secs(1);
 /// Own partitions are audited every this many heartbeats: anything owned but
 /// not served (an acquire whose answer was lost, a task that died) is adopted.
 pub const AUDIT_HEARTBEATS: u32 = 4;
+/// Each held stream's item is re-read by its holder every this many audits
+/// (a share of them at each audit), so a spec change whose notification was
+/// lost is acted on within `AUDIT_HEARTBEATS × CONTROL_SWEEP_AUDITS`
+/// heartbeats (64 s with the defaults); STOPPED and deletions show in the
+/// index and are acted on at the next audit.
+pub const CONTROL_SWEEP_AUDITS: u64 = 4;
 /// Share of the drain timeout a stream's session may take to flush and close;
 /// the rest is for releasing (a slow sink must never cost the release).
 pub const DRAIN_STOP_SHARE: f64 = 0.5;

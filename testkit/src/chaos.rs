@@ -2,10 +2,13 @@
 //! worker id — each behind its own DynamoDB fault proxy, serving a zero-based
 //! feed, is hit by random faults: SIGKILL (then a restart), SIGSTOP beyond
 //! the lease, cut-offs from DynamoDB, throttling, brownouts (slow answers),
-//! sink outages, a slow sink, SIGTERM during a brownout with a slow sink,
-//! handoffs during a brownout (a worker joins while another is browned out),
-//! delete/re-create of a stream, and a worker whose clock is skewed beyond the
-//! budget. With `real_sinks`, some streams deliver to Kinesis (kinesalite)
+//! sink outages, a slow sink, a sink that goes on processing requests after
+//! the client hung up, SIGTERM during a brownout with a slow sink, handoffs
+//! during a brownout (a worker joins while another is browned out), a write
+//! whose answer is lost, answers that arrive late after the write landed, a
+//! crashed worker whose item then disappears, delete/re-create of a stream,
+//! and a worker whose clock is skewed beyond the budget. The sink checks
+//! tokens, and stale is judged when it applies a batch. With `real_sinks`, some streams deliver to Kinesis (kinesalite)
 //! and NATS JetStream (nats-server) instead, each behind a TCP fault proxy
 //! that the sink outages cut too, and are read back from those servers.
 //! The report counts what must stay zero (overlapping sessions,
@@ -17,13 +20,14 @@ use crate::dynamo_proxy::{DynamoFault, DynamoFaultProxy};
 use crate::fleet::WorkerProcess;
 use crate::sink::SinkFault;
 use crate::store::endpoint;
+use aws_sdk_dynamodb::types::AttributeValue;
 use nix::sys::signal::Signal;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
-use tether::lease::DeleteOutcome;
+use tether::lease::{DeleteOutcome, WorkerState};
 use tokio::time::Instant;
 
 /// How often sessions are sampled for ownerless time.
@@ -56,7 +60,13 @@ pub struct ChaosReport {
     pub throttled_requests: u64,
     pub overlapping_sessions: usize,
     pub sequence_gaps: usize,
+    /// Batches of a superseded owner the sink *applied* (judged when the
+    /// sink applies them, by a sink that keeps processing after the client
+    /// hung up): must be 0.
     pub stale_deliveries: u64,
+    /// Such batches the sink refused with the fenced signal (the verifying
+    /// sink checks tokens, as the contract lets a sink do): not applied.
+    pub stale_refused: u64,
     pub duplicates: u64,
     pub delivered: usize,
     pub max_ownerless_s: f64,
@@ -242,6 +252,10 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
     )
     .await?;
 
+    // A sink that checks tokens: a superseded owner's batch that arrives
+    // late (the fence path) is refused, never applied; one it applied would
+    // count as stale.
+    bed.sink.set_reject_stale(true);
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let mut report = ChaosReport {
         seed: cfg.seed,
@@ -304,14 +318,23 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
         // Never disturb the last healthy worker: the run checks safety, not a total outage.
         if roll < 12 || healthy.len() < 2 {
             if sink_busy_until <= now {
-                let (fault, name) = if rng.random_bool(0.5) {
-                    // An outage of every sink at once.
-                    if let Some(r) = &real_sinks {
-                        r.cut(true);
+                let (fault, name) = match rng.random_range(0..3) {
+                    0 => {
+                        // An outage of every sink at once.
+                        if let Some(r) = &real_sinks {
+                            r.cut(true);
+                        }
+                        (SinkFault::Unavailable, "sink_outage")
                     }
-                    (SinkFault::Unavailable, "sink_outage")
-                } else {
-                    (SinkFault::Slow(Duration::from_millis(1500)), "slow_sink")
+                    1 => (SinkFault::Slow(Duration::from_millis(1500)), "slow_sink"),
+                    // Requests keep being processed after the client hung up,
+                    // for up to 3 s (within the sink's timeout).
+                    _ => (
+                        SinkFault::SlowAfterHangUp(Duration::from_millis(
+                            rng.random_range(0..3000),
+                        )),
+                        "sink_processing_after_hang_up",
+                    ),
                 };
                 bed.sink_proxy.set(fault);
                 sink_busy_until = now + Duration::from_secs(4);
@@ -340,7 +363,7 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
         let i = healthy[rng.random_range(0..healthy.len())];
         let slot = &mut slots[i];
         match roll {
-            20..=35 => {
+            20..=31 => {
                 if let Some(p) = &slot.process {
                     p.signal(Signal::SIGKILL)?;
                 }
@@ -348,7 +371,42 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
                 pending.push((slot.busy_until, Restore::Restart(i)));
                 count("sigkill");
             }
-            36..=47 => {
+            32..=35 => {
+                // A crash, then its worker item disappears (as a TTL or a
+                // person would remove it): the roster must still find its
+                // streams. Only for a worker id no other slot shares.
+                let incarnation = slot.process.as_ref().and(
+                    bed.store
+                        .fleet()
+                        .await?
+                        .workers
+                        .into_iter()
+                        .find(|w| {
+                            w.state == WorkerState::Live
+                                && w.incarnation.worker_id() == slot.id
+                                && slot.id != DUPLICATE_ID
+                        })
+                        .map(|w| w.incarnation),
+                );
+                if let Some(p) = &slot.process {
+                    p.signal(Signal::SIGKILL)?;
+                }
+                if let Some(incarnation) = incarnation {
+                    crate::store::raw_client()
+                        .await
+                        .delete_item()
+                        .table_name(bed.store.table())
+                        .key("Pk", AttributeValue::S(incarnation.pk()))
+                        .send()
+                        .await?;
+                    count("sigkill_and_worker_item_removed");
+                } else {
+                    count("sigkill");
+                }
+                slot.busy_until = now + Duration::from_secs(2);
+                pending.push((slot.busy_until, Restore::Restart(i)));
+            }
+            36..=45 => {
                 if let Some(p) = &slot.process {
                     p.signal(Signal::SIGSTOP)?;
                 }
@@ -356,19 +414,34 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
                 pending.push((slot.busy_until, Restore::Continue(i)));
                 count("sigstop_beyond_lease");
             }
-            48..=59 => {
+            46..=55 => {
                 slot.proxy.set(DynamoFault::Blackhole);
                 slot.busy_until = now + hold;
                 pending.push((slot.busy_until, Restore::StorePass(i)));
                 count("dynamodb_cut");
             }
-            60..=67 => {
+            56..=61 => {
                 slot.proxy.set(DynamoFault::Throttle(0.5));
                 slot.busy_until = now + Duration::from_secs(5);
                 pending.push((slot.busy_until, Restore::StorePass(i)));
                 count("dynamodb_throttle_50pct");
             }
-            68..=77 => {
+            62..=65 => {
+                // The next write lands but its answer is lost.
+                slot.proxy.set(DynamoFault::LoseNextWriteAnswer);
+                slot.busy_until = now + Duration::from_secs(3);
+                pending.push((slot.busy_until, Restore::StorePass(i)));
+                count("dynamodb_write_answer_lost");
+            }
+            66..=69 => {
+                // Writes land at once; their answers arrive late.
+                slot.proxy
+                    .set(DynamoFault::DelayAnswers(Duration::from_millis(800)));
+                slot.busy_until = now + Duration::from_secs(5);
+                pending.push((slot.busy_until, Restore::StorePass(i)));
+                count("dynamodb_answers_late");
+            }
+            70..=79 => {
                 // SIGTERM while DynamoDB answers slowly and the sink is slow.
                 slot.proxy
                     .set(DynamoFault::Slow(Duration::from_millis(1500)));
@@ -386,7 +459,7 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
                 pending.push((slot.busy_until, Restore::Restart(i)));
                 count("sigterm_in_brownout_with_slow_sink");
             }
-            78..=87 => {
+            80..=89 => {
                 // A brownout on one worker while another restarts: streams are
                 // handed over (rebalancing) through the browned-out worker.
                 slot.proxy
@@ -467,6 +540,7 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
     report.sequence_gaps = bed.gaps(&names);
     report.duplicates = bed.duplicates(&names);
     report.stale_deliveries = bed.stale(&names);
+    report.stale_refused = bed.sink.refused_stale();
     report.delivered = bed.delivered(&names);
     Ok(report)
 }

@@ -30,12 +30,20 @@ pub enum DynamoFault {
     /// and reads of single items fail: a writer cannot learn whether its write
     /// landed. Queries still answer.
     LoseWriteAnswers,
+    /// Every request reaches the server at once; its answer comes back only
+    /// after this long (the write has landed, the writer does not know yet).
+    DelayAnswers(std::time::Duration),
+    /// The next write reaches the server but its answer is lost (HTTP 500),
+    /// then everything passes again: a writer retries a write that landed.
+    LoseNextWriteAnswer,
 }
 
 struct ProxyState {
     target: String,
     client: reqwest::Client,
     mode: watch::Receiver<DynamoFault>,
+    /// Sets the mode (the proxy's handle, and a one-shot fault resetting itself).
+    control: watch::Sender<DynamoFault>,
     throttled: AtomicU64,
     /// Seconds added to every response's `Date` header.
     date_shift: std::sync::atomic::AtomicI64,
@@ -44,7 +52,6 @@ struct ProxyState {
 /// A running proxy; stops when dropped.
 pub struct DynamoFaultProxy {
     pub addr: SocketAddr,
-    mode: watch::Sender<DynamoFault>,
     state: Arc<ProxyState>,
     task: JoinHandle<()>,
 }
@@ -64,6 +71,7 @@ impl DynamoFaultProxy {
             target: target.trim_end_matches('/').to_string(),
             client: reqwest::Client::new(),
             mode: receiver,
+            control: mode,
             throttled: AtomicU64::new(0),
             date_shift: std::sync::atomic::AtomicI64::new(0),
         });
@@ -71,12 +79,7 @@ impl DynamoFaultProxy {
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Ok(Self {
-            addr,
-            mode,
-            state,
-            task,
-        })
+        Ok(Self { addr, state, task })
     }
 
     pub fn endpoint(&self) -> String {
@@ -84,7 +87,7 @@ impl DynamoFaultProxy {
     }
 
     pub fn set(&self, fault: DynamoFault) {
-        self.mode.send_replace(fault);
+        self.state.control.send_replace(fault);
     }
 
     /// Shifts the `Date` header of every answer by `seconds` (positive: the
@@ -139,6 +142,27 @@ async fn forward(
         .iter()
         .any(|op| target.ends_with(op));
     if mode == DynamoFault::LoseWriteAnswers && write_or_item_read {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    if let DynamoFault::DelayAnswers(delay) = mode {
+        tokio::time::sleep(delay).await;
+    }
+    let write = ["UpdateItem", "PutItem", "DeleteItem"]
+        .iter()
+        .any(|op| target.ends_with(op));
+    // Once: the answer of the first write that landed is lost (of writes
+    // racing, only the one that switches the mode back loses its answer).
+    if mode == DynamoFault::LoseNextWriteAnswer
+        && write
+        && sent.is_ok()
+        && state.control.send_if_modified(|m| {
+            let first = *m == DynamoFault::LoseNextWriteAnswer;
+            if first {
+                *m = DynamoFault::Pass;
+            }
+            first
+        })
+    {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     }
     match sent {

@@ -23,6 +23,10 @@ pub enum SinkFault {
     Unavailable,
     /// Forward after this long (a slow sink).
     Slow(Duration),
+    /// Forward after this long, and keep doing so after the client hung up
+    /// (as real servers do: a request that arrived is processed, whether or
+    /// not anyone waits for the answer).
+    SlowAfterHangUp(Duration),
     /// Answer a plain HTTP 409, without the fenced signal (a sink that
     /// reports duplicates that way).
     PlainConflict,
@@ -119,8 +123,25 @@ async fn forward(
             return StatusCode::CONFLICT.into_response();
         }
         SinkFault::Slow(d) => tokio::time::sleep(d).await,
+        SinkFault::SlowAfterHangUp(d) => {
+            // The processing is its own task: the handler's future is dropped
+            // when the client hangs up, the task is not.
+            let state = state.clone();
+            let processing = tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                pass_on(&state, &headers, body).await
+            });
+            return processing
+                .await
+                .unwrap_or_else(|_| StatusCode::BAD_GATEWAY.into_response());
+        }
         SinkFault::Pass => {}
     }
+    pass_on(&state, &headers, body).await
+}
+
+/// Forwards the request to the sink and its answer back.
+async fn pass_on(state: &ProxyState, headers: &HeaderMap, body: Bytes) -> Response {
     let mut request = state.client.post(&state.target).body(body);
     if let Some(ct) = headers.get("content-type") {
         request = request.header("content-type", ct);

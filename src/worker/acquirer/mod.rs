@@ -20,7 +20,7 @@ use super::observer::Observer;
 use super::progress::StreamProgress;
 use super::registry::{HeldStream, HolderSignals, Registry};
 use super::settings::{
-    AUDIT_HEARTBEATS, HANDOFF_COOLDOWN_HEARTBEATS, REBALANCE_GRACE_INTERVALS,
+    AUDIT_HEARTBEATS, CONTROL_SWEEP_AUDITS, HANDOFF_COOLDOWN_HEARTBEATS, REBALANCE_GRACE_INTERVALS,
     SHARE_GRACE_INTERVALS, UNOWNED_SCAN_PERIOD,
 };
 use crate::lease::{
@@ -82,6 +82,8 @@ pub struct Acquirer {
     orphans_seen: bool,
     last_full_refresh: Option<Instant>,
     last_audit: Instant,
+    /// Audits done so far (which share of the held streams the next one re-reads).
+    audits: u64,
     last_handoff: Option<Instant>,
     /// When this worker last acquired something.
     last_acquired: Option<Instant>,
@@ -118,6 +120,7 @@ impl Acquirer {
             orphans_seen: true,
             last_full_refresh: None,
             last_audit: Instant::now(),
+            audits: 0,
             last_handoff: None,
             last_acquired: None,
             pacing: pacing::Pacing::default(),
@@ -179,11 +182,14 @@ impl Acquirer {
             .set(candidates.len() as i64);
         self.acquire(candidates).await;
         self.hand_over();
-        if now.duration_since(self.last_audit)
-            >= self.ctx.settings.heartbeat_interval * AUDIT_HEARTBEATS
-        {
+        let audit_due = now.duration_since(self.last_audit)
+            >= self.ctx.settings.heartbeat_interval * AUDIT_HEARTBEATS;
+        if self.registry.take_audit_request() || audit_due {
             self.last_audit = now;
             self.audit().await?;
+            if audit_due {
+                self.find_vanished(&fleet.workers).await?;
+            }
         }
         Ok(())
     }
@@ -497,13 +503,31 @@ impl Acquirer {
         self.last_handoff = Some(Instant::now());
     }
 
-    /// Adopts anything this incarnation owns but does not serve.
+    /// Reconciles this incarnation's streams with the table, level-triggered,
+    /// so a lost notification or a lost answer costs at most an audit period:
+    /// adopts what it owns but does not serve; has every held stream whose
+    /// index entry shows a change the holder has not acted on (STOPPED,
+    /// deleted, another token) re-read by its holder, and so every held
+    /// stream no longer in its partitions (taken or re-created); and, as
+    /// specs are not in the index, a rolling share of the rest, so each held
+    /// stream's item is re-read every [`CONTROL_SWEEP_AUDITS`] audits.
     pub async fn audit(&mut self) -> Result<usize, StoreError> {
         let found = self.ctx.store.held_by(&self.me).await?;
+        self.audits += 1;
+        let mut indexed = HashSet::new();
         let mut adopted = 0;
         for r in found.records {
-            if r.ownership() != Ownership::Owned(self.me.clone()) || self.registry.contains(&r.key)
-            {
+            if r.ownership() != Ownership::Owned(self.me.clone()) {
+                continue;
+            }
+            indexed.insert(r.key.clone());
+            if let Some(held) = self.registry.get(&r.key) {
+                if r.lease_counter != held.lease.counter
+                    || r.desired_state != DesiredState::Started
+                    || r.is_tombstone()
+                {
+                    held.signals.changed.notify_one();
+                }
                 continue;
             }
             // The index item lacks the spec: read the whole item.
@@ -530,7 +554,30 @@ impl Acquirer {
             self.adopt(lease, full, None);
             adopted += 1;
         }
+        for held in self.registry.snapshot() {
+            let key = &held.lease.key;
+            if !indexed.contains(key) || sweep_turn(key, self.audits) {
+                held.signals.changed.notify_one();
+            }
+        }
         Ok(adopted)
+    }
+
+    /// Declares dead every enrolled incarnation the fleet does not list (its
+    /// worker item is gone): its streams then move like any dead worker's
+    /// (see `lease::roster`). A false alarm costs one failed conditional put.
+    async fn find_vanished(&mut self, workers: &[FleetEntry]) -> Result<(), StoreError> {
+        let listed: HashSet<&Incarnation> = workers.iter().map(|w| &w.incarnation).collect();
+        for who in self.ctx.store.roster().await? {
+            if who == self.me || listed.contains(&who) {
+                continue;
+            }
+            if self.ctx.store.declare_vanished_dead(&who).await? {
+                self.ctx.metrics.workers_declared_dead.inc();
+                tracing::warn!(worker = %who, "an enrolled worker has no worker item (removed by TTL or by hand): declared dead, its streams move");
+            }
+        }
+        Ok(())
     }
 
     /// Streams this incarnation owns in the table (for the final shutdown audit).
@@ -551,4 +598,13 @@ impl Acquirer {
     pub fn me(&self) -> &Incarnation {
         &self.me
     }
+}
+
+/// Whether `key`'s item is re-read in audit number `audit`: each stream in one
+/// audit of every [`CONTROL_SWEEP_AUDITS`], spread evenly.
+fn sweep_turn(key: &StreamKey, audit: u64) -> bool {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish() % CONTROL_SWEEP_AUDITS == audit % CONTROL_SWEEP_AUDITS
 }

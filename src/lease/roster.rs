@@ -1,0 +1,115 @@
+//! The roster: every incarnation that may own streams, in one item that no
+//! TTL and no cleanup removes while its streams may still be there.
+//!
+//! Streams of a dead incarnation are found through its worker item: peers
+//! see it in the fleet, declare it dead and query its index partitions. A
+//! worker item can disappear while its streams are still owned (the TTL of a
+//! crashed worker's item after a fleet was down for a day, survivors unable to
+//! take streams for an hour, someone deleting items by hand); the streams
+//! would then be owned by an incarnation nobody can find. So every incarnation
+//! also enrolls here, after its item is written, and leaves the roster only
+//! when a peer forgets it (its partitions found empty). An enrolled
+//! incarnation with no worker item is declared dead by *creating* its item as
+//! DEAD (a conditional put that fails if the item exists): from then on it can
+//! never renew or register, and its streams move like any dead worker's.
+
+use super::client::{ConditionFailed, LeaseStore};
+use super::clock::now_ms;
+use super::codec::{attr, n, s};
+use super::error::StoreError;
+use super::keys::{FLEET_HOLDER, Incarnation, ROSTER_PK};
+use super::record::WorkerState;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
+
+impl LeaseStore {
+    /// Adds `me` to the roster (idempotent).
+    pub async fn enroll(&self, me: &Incarnation) -> Result<(), StoreError> {
+        self.roster_update("enroll", "ADD", me).await
+    }
+
+    /// Removes a forgotten incarnation from the roster (idempotent).
+    pub(super) async fn unenroll(&self, who: &Incarnation) -> Result<(), StoreError> {
+        self.roster_update("unenroll", "DELETE", who).await
+    }
+
+    async fn roster_update(
+        &self,
+        operation: &'static str,
+        verb: &str,
+        who: &Incarnation,
+    ) -> Result<(), StoreError> {
+        let expression = format!("{verb} {} :who", attr::ROSTER);
+        let out = self
+            .call_plain(operation, Some(ROSTER_PK), || {
+                self.client
+                    .update_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(ROSTER_PK))
+                    .update_expression(&expression)
+                    .expression_attribute_values(
+                        ":who",
+                        AttributeValue::Ss(vec![who.as_str().to_string()]),
+                    )
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                    .send()
+            })
+            .await?;
+        self.record_capacity(operation, out.consumed_capacity());
+        Ok(())
+    }
+
+    /// Every enrolled incarnation (eventually consistent: one just enrolled
+    /// is found at the next read; nothing is decided on this read alone).
+    pub async fn roster(&self) -> Result<Vec<Incarnation>, StoreError> {
+        let out = self
+            .call_plain("roster", Some(ROSTER_PK), || {
+                self.client
+                    .get_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(ROSTER_PK))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                    .send()
+            })
+            .await?;
+        self.record_reads("roster", out.consumed_capacity());
+        Ok(out
+            .item()
+            .and_then(|item| item.get(attr::ROSTER))
+            .and_then(|v| v.as_ss().ok())
+            .map(|names| names.iter().filter_map(|n| Incarnation::parse(n)).collect())
+            .unwrap_or_default())
+    }
+
+    /// Declares an enrolled incarnation that has no worker item dead, by
+    /// creating its item as DEAD. `true` when this write did it; `false` when
+    /// an item exists (it is alive, or already ended: the fleet shows it).
+    pub async fn declare_vanished_dead(&self, who: &Incarnation) -> Result<bool, StoreError> {
+        let pk = who.pk();
+        let now = now_ms();
+        let out = self
+            .call("declare_vanished_dead", Some(&pk), || {
+                self.client
+                    .put_item()
+                    .table_name(&self.table)
+                    .item(attr::PK, s(&pk))
+                    .item(attr::HOLDER, s(FLEET_HOLDER))
+                    .item(attr::INCARNATION, s(who.as_str()))
+                    .item(attr::WORKER_STATE, s(WorkerState::Dead.as_str()))
+                    .item(attr::HEARTBEAT_VERSION, n(0))
+                    .item(attr::HEARTBEAT_AT_MS, n(0))
+                    .item(attr::CREATED_AT_MS, n(now))
+                    .item(attr::HELD, n(0))
+                    .condition_expression("attribute_not_exists(Pk)")
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
+                    .send()
+            })
+            .await?;
+        Ok(match out {
+            Ok(o) => {
+                self.record_capacity("declare_vanished_dead", o.consumed_capacity());
+                true
+            }
+            Err(ConditionFailed) => false,
+        })
+    }
+}
