@@ -12,7 +12,7 @@ use std::time::Duration;
 use tether::lease::{DeleteOutcome, Ownership};
 use tether_testkit::bed::{Bed, BedOptions, eventually, loopback};
 use tether_testkit::dynamo_proxy::{DynamoFault, DynamoFaultProxy};
-use tether_testkit::fleet::metric_value;
+use tether_testkit::fleet::{WorkerProcess, metric_value};
 use tether_testkit::sink::SinkFault;
 use tether_testkit::store::{endpoint, raw_client};
 
@@ -20,6 +20,51 @@ const EXE: &str = env!("CARGO_BIN_EXE_tether");
 
 async fn bed() -> Bed {
     Bed::start(EXE, BedOptions::default()).await.unwrap()
+}
+
+/// Applies `n` standard streams `prefix-00`.. whose HTTP sink times out
+/// after `timeout_seconds`.
+async fn apply_with_sink_timeout(
+    bed: &Bed,
+    prefix: &str,
+    n: usize,
+    timeout_seconds: u32,
+) -> Vec<String> {
+    let names = tether_testkit::bed::names(prefix, n);
+    for name in &names {
+        let mut spec = bed.spec(name);
+        if let Some(http) = spec.sink.http.as_mut() {
+            http.timeout_seconds = timeout_seconds;
+        }
+        bed.apply_spec(name, &spec, 1).await.unwrap();
+    }
+    names
+}
+
+/// Starts `victim` through `endpoint` (keeping what it has: `--no-rebalance`),
+/// waits until it owns every stream, then starts `peer` and gives it a moment:
+/// the failure under test hits a worker that holds everything while another
+/// stands by to take over.
+async fn victim_with_a_peer(
+    bed: &Bed,
+    names: &[String],
+    endpoint: &str,
+) -> (WorkerProcess, WorkerProcess) {
+    let victim = bed
+        .fleet
+        .spawn_with("victim", endpoint, &["--no-rebalance"])
+        .unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the victim owns every stream",
+        || async {
+            bed.all_connected_once(names).await && bed.owned_by("victim").await == names.len()
+        },
+    )
+    .await;
+    let peer = bed.fleet.spawn("peer").unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    (victim, peer)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,31 +126,11 @@ async fn sigterm_in_a_dynamodb_brownout_with_a_slow_sink_ends_every_session_by_t
     bed.fleet.workers.drain_timeout = Duration::from_secs(20);
     // A sink timeout far longer than the lease too: only the fence can cut a
     // POST short.
-    let names = tether_testkit::bed::names("s", 6);
-    for name in &names {
-        let mut spec = bed.spec(name);
-        if let Some(http) = spec.sink.http.as_mut() {
-            http.timeout_seconds = 60;
-        }
-        bed.apply_spec(name, &spec, 1).await.unwrap();
-    }
+    let names = apply_with_sink_timeout(&bed, "s", 6, 60).await;
     let proxy = DynamoFaultProxy::start(loopback(), &endpoint().0)
         .await
         .unwrap();
-    let mut victim = bed
-        .fleet
-        .spawn_with("victim", &proxy.endpoint(), &["--no-rebalance"])
-        .unwrap();
-    eventually(
-        Duration::from_secs(20),
-        "the victim owns every stream",
-        || async {
-            bed.all_connected_once(&names).await && bed.owned_by("victim").await == names.len()
-        },
-    )
-    .await;
-    let _peer = bed.fleet.spawn("peer").unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (mut victim, _peer) = victim_with_a_peer(&bed, &names, &proxy.endpoint()).await;
     // Every POST now takes far longer than the lease, and the victim cannot
     // reach DynamoDB: only the fence can end its last batch in time.
     bed.sink_proxy.set(SinkFault::Slow(Duration::from_secs(10)));
@@ -463,20 +488,7 @@ async fn shutdown_with_a_slow_sink_still_releases_every_stream_with_its_checkpoi
     bed.fleet.workers.heartbeat_interval = Duration::from_secs(3);
     bed.fleet.workers.drain_timeout = Duration::from_secs(6);
     let names = bed.apply("s", 6).await.unwrap();
-    let mut victim = bed
-        .fleet
-        .spawn_with("victim", bed.fleet.endpoint(), &["--no-rebalance"])
-        .unwrap();
-    eventually(
-        Duration::from_secs(20),
-        "the victim owns every stream",
-        || async {
-            bed.all_connected_once(&names).await && bed.owned_by("victim").await == names.len()
-        },
-    )
-    .await;
-    let _peer = bed.fleet.spawn("peer").unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (mut victim, _peer) = victim_with_a_peer(&bed, &names, bed.fleet.endpoint()).await;
     // Every POST takes longer than the whole drain.
     bed.sink_proxy.set(SinkFault::Slow(Duration::from_secs(10)));
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -808,28 +820,8 @@ async fn a_brownout_never_delays_the_renewal_behind_checkpoint_folds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_stop_never_lets_a_batch_still_out_land_after_the_next_owners() {
     let bed = bed().await;
-    let names = tether_testkit::bed::names("out", 3);
-    for name in &names {
-        let mut spec = bed.spec(name);
-        if let Some(http) = spec.sink.http.as_mut() {
-            http.timeout_seconds = 5;
-        }
-        bed.apply_spec(name, &spec, 1).await.unwrap();
-    }
-    let mut victim = bed
-        .fleet
-        .spawn_with("victim", bed.fleet.endpoint(), &["--no-rebalance"])
-        .unwrap();
-    eventually(
-        Duration::from_secs(20),
-        "the victim serves every stream",
-        || async {
-            bed.all_connected_once(&names).await && bed.owned_by("victim").await == names.len()
-        },
-    )
-    .await;
-    let _peer = bed.fleet.spawn("peer").unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let names = apply_with_sink_timeout(&bed, "out", 3, 5).await;
+    let (mut victim, _peer) = victim_with_a_peer(&bed, &names, bed.fleet.endpoint()).await;
     // The batches out now take longer than the stop budget (half the 5 s
     // drain), within the sink's timeout; later ones (the peer's) are fast.
     bed.sink_proxy

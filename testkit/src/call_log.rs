@@ -12,8 +12,8 @@
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderMap;
+use axum::response::Response;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -90,20 +90,7 @@ async fn forward(State(rec): State<Arc<Recorder>>, headers: HeaderMap, body: Byt
             request = request.header(name, value);
         }
     }
-    match request.send().await {
-        Ok(resp) => {
-            let status = resp.status();
-            let mut out = HeaderMap::new();
-            for (name, value) in resp.headers() {
-                if name != "content-length" && name != "transfer-encoding" {
-                    out.insert(name.clone(), value.clone());
-                }
-            }
-            let bytes = resp.bytes().await.unwrap_or_default();
-            (status, out, bytes).into_response()
-        }
-        Err(_) => StatusCode::BAD_GATEWAY.into_response(),
-    }
+    crate::relay::relay(request.send().await).await
 }
 
 #[cfg(test)]

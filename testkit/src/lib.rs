@@ -8,7 +8,8 @@
 //! - `blaster`: an upstream that sends as fast as the socket takes;
 //! - `sink`: the verifying sink, a fault proxy in front of it, a counting sink;
 //! - `sink_servers`: kinesalite and nats-server, with read-backs;
-//! - `proxy`, `dynamo_proxy`: TCP and DynamoDB fault proxies;
+//! - `proxy`, `dynamo_proxy`: TCP and DynamoDB fault proxies; `relay`: how
+//!   the HTTP proxies hand an answer back;
 //! - `fleet`: `tether worker` processes;
 //! - `bed`: the one test bed; `fixtures`: specs written once;
 //! - `otlp`: an OTLP/HTTP (JSON) trace receiver;
@@ -27,6 +28,7 @@ pub mod fleet;
 pub mod k8s;
 pub mod otlp;
 pub mod proxy;
+pub mod relay;
 pub mod sink;
 pub mod sink_servers;
 pub mod store;

@@ -146,19 +146,7 @@ async fn pass_on(state: &ProxyState, headers: &HeaderMap, body: Bytes) -> Respon
     if let Some(ct) = headers.get("content-type") {
         request = request.header("content-type", ct);
     }
-    match request.send().await {
-        Ok(resp) => {
-            let status = resp.status();
-            let mut out = HeaderMap::new();
-            for (name, value) in resp.headers() {
-                if name != "content-length" && name != "transfer-encoding" {
-                    out.insert(name.clone(), value.clone());
-                }
-            }
-            (status, out, resp.bytes().await.unwrap_or_default()).into_response()
-        }
-        Err(_) => StatusCode::BAD_GATEWAY.into_response(),
-    }
+    crate::relay::relay(request.send().await).await
 }
 
 /// A sink that acknowledges everything and only counts messages (for
