@@ -824,6 +824,26 @@ async fn through_proxy(
     (via, proxy)
 }
 
+/// A stream `name` owned by a worker, and a second store for the same table
+/// whose next write's answer is lost (the write lands).
+async fn owned_and_losing_the_next_answer(
+    name: &str,
+) -> (
+    LeaseStore,
+    StreamRecord,
+    Incarnation,
+    LeaseStore,
+    tether_testkit::dynamo_proxy::DynamoFaultProxy,
+) {
+    let store = fresh_store(None).await;
+    let record = create(&store, name).await;
+    let me = worker(&store, "w").await;
+    acquire(&store, &record, &me).await;
+    let (via, proxy) = through_proxy(&store).await;
+    proxy.set(tether_testkit::dynamo_proxy::DynamoFault::LoseNextWriteAnswer);
+    (store, record, me, via, proxy)
+}
+
 /// The owner's inbox after one renewal: the streams it was told about.
 async fn told(store: &LeaseStore, me: &Incarnation) -> Vec<StreamKey> {
     let RenewOutcome::Renewed { changed } = store.renew(me, &renewal(1)).await.unwrap() else {
@@ -838,12 +858,7 @@ async fn told(store: &LeaseStore, me: &Incarnation) -> Vec<StreamKey> {
 /// STOPPED stream until something else made it look.
 #[tokio::test]
 async fn a_stop_whose_answer_was_lost_is_applied_and_reaches_the_owner() {
-    let store = fresh_store(None).await;
-    let record = create(&store, "lost-stop").await;
-    let me = worker(&store, "w").await;
-    acquire(&store, &record, &me).await;
-    let (via, proxy) = through_proxy(&store).await;
-    proxy.set(tether_testkit::dynamo_proxy::DynamoFault::LoseNextWriteAnswer);
+    let (store, record, me, via, _proxy) = owned_and_losing_the_next_answer("lost-stop").await;
     assert_eq!(
         via.upsert_desired(&desired("lost-stop", DesiredState::Stopped, 2))
             .await
@@ -856,12 +871,7 @@ async fn a_stop_whose_answer_was_lost_is_applied_and_reaches_the_owner() {
 /// The same for a deletion: a tombstone found after a lost answer is ours.
 #[tokio::test]
 async fn a_deletion_whose_answer_was_lost_is_reported_and_reaches_the_owner() {
-    let store = fresh_store(None).await;
-    let record = create(&store, "lost-delete").await;
-    let me = worker(&store, "w").await;
-    acquire(&store, &record, &me).await;
-    let (via, proxy) = through_proxy(&store).await;
-    proxy.set(tether_testkit::dynamo_proxy::DynamoFault::LoseNextWriteAnswer);
+    let (store, record, me, via, _proxy) = owned_and_losing_the_next_answer("lost-delete").await;
     assert_eq!(
         via.tombstone(&record.key, true, true).await.unwrap(),
         TombstoneOutcome::Deleted

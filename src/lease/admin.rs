@@ -346,26 +346,10 @@ impl LeaseStore {
             {
                 continue;
             }
-            let key = record.key.pk();
-            let done = self
-                .call("finish_upgrade", Some(&key), || {
-                    self.client
-                        .update_item()
-                        .table_name(&self.table)
-                        .key(attr::PK, s(&key))
-                        .update_expression("SET #h = :h")
-                        .condition_expression(
-                            "attribute_not_exists(#h) AND #e = :zero AND desired_state = :started",
-                        )
-                        .expression_attribute_names("#h", attr::HOLDER)
-                        .expression_attribute_names("#e", attr::LEASE_EXPIRES_AT_MS)
-                        .expression_attribute_values(":h", s(record.key.unowned_holder()))
-                        .expression_attribute_values(":zero", n(0))
-                        .expression_attribute_values(":started", s(DesiredState::Started.as_str()))
-                        .send()
-                })
-                .await?;
-            fixed += usize::from(done.is_ok());
+            fixed += usize::from(
+                self.index_as_unowned(&record, &UnownedGuard::Unindexed)
+                    .await?,
+            );
         }
         if layout.legacy_index {
             self.call_plain("update_table", None, || {
@@ -407,27 +391,62 @@ impl LeaseStore {
             return Ok(false);
         }
         tokio::time::sleep(Duration::from_millis(wait)).await;
+        self.index_as_unowned(
+            record,
+            &UnownedGuard::LapsedLegacy {
+                owner,
+                expires_at_ms,
+            },
+        )
+        .await
+    }
+
+    /// Puts a STARTED stream into its unowned partition, free, under `guard`
+    /// (the state finish-upgrade read); `true` when this write did it.
+    async fn index_as_unowned(
+        &self,
+        record: &StreamRecord,
+        guard: &UnownedGuard<'_>,
+    ) -> Result<bool, StoreError> {
         let key = record.key.pk();
+        let condition = match guard {
+            UnownedGuard::Unindexed => "attribute_not_exists(#h) AND #e = :zero",
+            UnownedGuard::LapsedLegacy { .. } => "lease_owner = :owner AND #e = :observed",
+        };
         let done = self
             .call("finish_upgrade", Some(&key), || {
-                self.client
+                let mut req = self
+                    .client
                     .update_item()
                     .table_name(&self.table)
                     .key(attr::PK, s(&key))
                     .update_expression("SET #h = :h, #e = :zero")
-                    .condition_expression(
-                        "lease_owner = :owner AND #e = :observed AND desired_state = :started",
-                    )
+                    .condition_expression(format!("{condition} AND desired_state = :started"))
                     .expression_attribute_names("#h", attr::HOLDER)
                     .expression_attribute_names("#e", attr::LEASE_EXPIRES_AT_MS)
                     .expression_attribute_values(":h", s(record.key.unowned_holder()))
                     .expression_attribute_values(":zero", n(0))
-                    .expression_attribute_values(":owner", s(owner))
-                    .expression_attribute_values(":observed", n(expires_at_ms))
-                    .expression_attribute_values(":started", s(DesiredState::Started.as_str()))
-                    .send()
+                    .expression_attribute_values(":started", s(DesiredState::Started.as_str()));
+                if let UnownedGuard::LapsedLegacy {
+                    owner,
+                    expires_at_ms,
+                } = guard
+                {
+                    req = req
+                        .expression_attribute_values(":owner", s(*owner))
+                        .expression_attribute_values(":observed", n(*expires_at_ms));
+                }
+                req.send()
             })
             .await?;
         Ok(done.is_ok())
     }
+}
+
+/// What `index_as_unowned` conditions on.
+enum UnownedGuard<'a> {
+    /// Free, and never given a `holder` (version 1 wrote it).
+    Unindexed,
+    /// Still under this version-1 lease, which has lapsed.
+    LapsedLegacy { owner: &'a str, expires_at_ms: u64 },
 }
