@@ -17,7 +17,8 @@ use super::record::{
     AcquireFrom, AcquireOutcome, DesiredState, Lease, OWNED_EXPIRY_MS, Ownership, StreamRecord,
 };
 use super::status::Phase;
-use aws_sdk_dynamodb::types::{ReturnConsumedCapacity, ReturnValue};
+use super::update::Update;
+use aws_sdk_dynamodb::types::ReturnValue;
 
 /// An acquire whose checkpoint carry-over lost to a higher stored checkpoint is
 /// retried once without it.
@@ -52,62 +53,52 @@ impl LeaseStore {
             }
         };
         for _ in 0..MAX_ACQUIRE_ATTEMPTS {
-            let mut condition = format!(
-                "desired_state = :started AND attribute_not_exists(deleted_at_ms) AND {counter_guard} AND {from_guard}"
-            );
-            let mut update = String::from(
-                "SET lease_owner = :me, #exp = :far, lease_counter = :next, holder = :holder, \
-                 phase = :pending, acquired_at_ms = :now",
-            );
-            if carry.is_some() {
-                condition.push_str(" AND (attribute_not_exists(last_seq) OR last_seq < :carry)");
-                update.push_str(", last_seq = :carry");
+            let mut update = Update::new();
+            update.require("desired_state = :started AND attribute_not_exists(deleted_at_ms)");
+            update.require(counter_guard);
+            update.require(from_guard);
+            update.name("#exp", attr::LEASE_EXPIRES_AT_MS);
+            update.value(":started", s(DesiredState::Started.as_str()));
+            update.value(":c", n(expected));
+            match from {
+                AcquireFrom::Free => update.value(":zero", n(0)),
+                AcquireFrom::Dead { owner, .. } => {
+                    update.value(":prev", s(owner.as_str()));
+                    update.value(":prev_exp", n(OWNED_EXPIRY_MS));
+                }
+                AcquireFrom::LegacyExpired {
+                    owner,
+                    expires_at_ms,
+                } => {
+                    update.value(":prev", s(owner));
+                    update.value(":prev_exp", n(*expires_at_ms));
+                }
             }
-            update.push_str(
-                " REMOVE status_reason, status_message, connected_since_ms, released_at_ms, release_reason",
-            );
+            update.set(attr::LEASE_OWNER, ":me", s(me.as_str()));
+            update.set("#exp", ":far", n(OWNED_EXPIRY_MS));
+            update.set(attr::LEASE_COUNTER, ":next", n(expected + 1));
+            update.set(attr::HOLDER, ":holder", s(me.holder_of(key)));
+            update.set(attr::PHASE, ":pending", s(Phase::Pending.as_str()));
+            update.set(attr::ACQUIRED_AT_MS, ":now", n(now_ms()));
+            if let Some(seq) = carry {
+                update.set(attr::LAST_SEQ, ":carry", n(seq));
+                update.require("(attribute_not_exists(last_seq) OR last_seq < :carry)");
+            }
+            for stale in [
+                attr::STATUS_REASON,
+                attr::STATUS_MESSAGE,
+                attr::CONNECTED_SINCE_MS,
+                attr::RELEASED_AT_MS,
+                attr::RELEASE_REASON,
+            ] {
+                update.remove(stale);
+            }
             let _turn = self.stream_write_turn().await;
             let result = self
-                .call("acquire", Some(&pk), || {
-                    let mut req = self
-                        .client
-                        .update_item()
-                        .table_name(&self.table)
-                        .key(attr::PK, s(&pk))
-                        .update_expression(&update)
-                        .condition_expression(&condition)
-                        .expression_attribute_names("#exp", attr::LEASE_EXPIRES_AT_MS)
-                        .expression_attribute_values(":started", s(DesiredState::Started.as_str()))
-                        .expression_attribute_values(":c", n(expected))
-                        .expression_attribute_values(":next", n(expected + 1))
-                        .expression_attribute_values(":me", s(me.as_str()))
-                        .expression_attribute_values(":far", n(OWNED_EXPIRY_MS))
-                        .expression_attribute_values(":holder", s(me.holder_of(key)))
-                        .expression_attribute_values(":pending", s(Phase::Pending.as_str()))
-                        .expression_attribute_values(":now", n(now_ms()))
-                        .return_values(ReturnValue::AllNew)
-                        .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
-                    req = match from {
-                        AcquireFrom::Free => req.expression_attribute_values(":zero", n(0)),
-                        AcquireFrom::Dead { owner, .. } => req
-                            .expression_attribute_values(":prev", s(owner.as_str()))
-                            .expression_attribute_values(":prev_exp", n(OWNED_EXPIRY_MS)),
-                        AcquireFrom::LegacyExpired {
-                            owner,
-                            expires_at_ms,
-                        } => req
-                            .expression_attribute_values(":prev", s(owner))
-                            .expression_attribute_values(":prev_exp", n(*expires_at_ms)),
-                    };
-                    if let Some(seq) = carry {
-                        req = req.expression_attribute_values(":carry", n(seq));
-                    }
-                    req.send()
-                })
+                .update_item("acquire", &pk, &update, ReturnValue::AllNew)
                 .await?;
             let current = match result {
                 Ok(out) => {
-                    self.record_capacity("acquire", out.consumed_capacity());
                     let record = out
                         .attributes()
                         .map(stream_record)

@@ -13,11 +13,12 @@ use super::codec::{HOLDER_INDEX_ATTRIBUTES, attr, n, s};
 use super::error::StoreError;
 use super::keys::STREAM_PK_PREFIX;
 use super::record::{DesiredState, Ownership, StreamRecord};
+use super::update::Update;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, CreateGlobalSecondaryIndexAction,
     DeleteGlobalSecondaryIndexAction, GlobalSecondaryIndex, GlobalSecondaryIndexUpdate,
     IndexStatus, KeySchemaElement, KeyType, Projection, ProjectionType, ProvisionedThroughput,
-    ScalarAttributeType, TableStatus, TimeToLiveSpecification,
+    ReturnValue, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
 };
 use std::time::{Duration, Instant};
 
@@ -408,36 +409,31 @@ impl LeaseStore {
         record: &StreamRecord,
         guard: &UnownedGuard<'_>,
     ) -> Result<bool, StoreError> {
-        let key = record.key.pk();
-        let condition = match guard {
-            UnownedGuard::Unindexed => "attribute_not_exists(#h) AND #e = :zero",
-            UnownedGuard::LapsedLegacy { .. } => "lease_owner = :owner AND #e = :observed",
-        };
+        let mut update = Update::new();
+        update.set("#h", ":h", s(record.key.unowned_holder()));
+        update.set("#e", ":zero", n(0));
+        update.name("#h", attr::HOLDER);
+        update.name("#e", attr::LEASE_EXPIRES_AT_MS);
+        match guard {
+            UnownedGuard::Unindexed => update.require("attribute_not_exists(#h) AND #e = :zero"),
+            UnownedGuard::LapsedLegacy {
+                owner,
+                expires_at_ms,
+            } => {
+                update.require("lease_owner = :owner AND #e = :observed");
+                update.value(":owner", s(*owner));
+                update.value(":observed", n(*expires_at_ms));
+            }
+        }
+        update.require("desired_state = :started");
+        update.value(":started", s(DesiredState::Started.as_str()));
         let done = self
-            .call("finish_upgrade", Some(&key), || {
-                let mut req = self
-                    .client
-                    .update_item()
-                    .table_name(&self.table)
-                    .key(attr::PK, s(&key))
-                    .update_expression("SET #h = :h, #e = :zero")
-                    .condition_expression(format!("{condition} AND desired_state = :started"))
-                    .expression_attribute_names("#h", attr::HOLDER)
-                    .expression_attribute_names("#e", attr::LEASE_EXPIRES_AT_MS)
-                    .expression_attribute_values(":h", s(record.key.unowned_holder()))
-                    .expression_attribute_values(":zero", n(0))
-                    .expression_attribute_values(":started", s(DesiredState::Started.as_str()));
-                if let UnownedGuard::LapsedLegacy {
-                    owner,
-                    expires_at_ms,
-                } = guard
-                {
-                    req = req
-                        .expression_attribute_values(":owner", s(*owner))
-                        .expression_attribute_values(":observed", n(*expires_at_ms));
-                }
-                req.send()
-            })
+            .update_item(
+                "finish_upgrade",
+                &record.key.pk(),
+                &update,
+                ReturnValue::None,
+            )
             .await?;
         Ok(done.is_ok())
     }

@@ -7,7 +7,7 @@
 //! These writes never change who owns a stream: they tell the owner instead
 //! (its inbox), and the owner acts.
 
-use super::client::{ConditionFailed, LeaseStore};
+use super::client::LeaseStore;
 use super::clock::now_ms;
 use super::codec::{attr, n, s};
 use super::error::StoreError;
@@ -15,7 +15,8 @@ use super::keys::{StreamKey, UNOWNED_HOLDER_PREFIX};
 use super::record::{
     DesiredState, DesiredStream, Ownership, StreamRecord, UpsertOutcome, UpsertRefusal,
 };
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
+use super::update::Update;
+use aws_sdk_dynamodb::types::ReturnValue;
 
 /// Attempts of a control-plane write that keeps meeting concurrent changes.
 const MAX_CONTROL_ATTEMPTS: usize = 5;
@@ -51,85 +52,29 @@ pub enum TombstoneOutcome {
     },
 }
 
-/// A write built from the item as read, conditioned on it not having changed.
-struct Guarded {
-    set: Vec<String>,
-    remove: Vec<&'static str>,
-    condition: String,
-    values: Vec<(String, AttributeValue)>,
-}
-
-impl Guarded {
-    /// Conditioned on `current` (or on the item not existing).
-    fn on(current: Option<&StreamRecord>) -> Self {
-        let mut g = Self {
-            set: Vec::new(),
-            remove: Vec::new(),
-            condition: String::new(),
-            values: Vec::new(),
-        };
-        match current {
-            None => g.condition = "attribute_not_exists(Pk)".into(),
-            Some(c) => {
-                g.condition = "attribute_exists(Pk)".into();
-                g.equal_or_zero("#gen", ":g0", c.generation.max(0) as u64);
-                g.equal_or_zero("#exp", ":e0", c.lease_expires_at_ms);
-                g.equal_or_zero(attr::LEASE_COUNTER, ":c0", c.lease_counter);
-                g.equal_or_absent(attr::UID, ":u0", c.uid.as_ref().map(s));
-                g.equal_or_absent(attr::INSTALLATION, ":i0", c.installation.as_ref().map(s));
-                g.equal_or_absent(attr::DELETED_AT_MS, ":d0", c.deleted_at_ms.map(n));
-                g.equal_or_absent(
-                    attr::DESIRED_STATE,
-                    ":ds0",
-                    Some(s(c.desired_state.as_str())),
-                );
-            }
-        }
-        g
-    }
-
-    fn value(&mut self, name: &str, v: AttributeValue) {
-        self.values.push((name.to_string(), v));
-    }
-
-    fn equal_or_absent(&mut self, attribute: &str, placeholder: &str, v: Option<AttributeValue>) {
-        match v {
-            Some(v) => {
-                self.condition
-                    .push_str(&format!(" AND {attribute} = {placeholder}"));
-                self.value(placeholder, v);
-            }
-            None => self
-                .condition
-                .push_str(&format!(" AND attribute_not_exists({attribute})")),
+/// A write conditioned on the item being as read (or on it not existing).
+fn guarded_on(current: Option<&StreamRecord>) -> Update {
+    let mut g = Update::new();
+    g.name("#gen", attr::GENERATION);
+    g.name("#exp", attr::LEASE_EXPIRES_AT_MS);
+    match current {
+        None => g.require("attribute_not_exists(Pk)"),
+        Some(c) => {
+            g.require("attribute_exists(Pk)");
+            g.require_equal_or_zero("#gen", ":g0", c.generation.max(0) as u64);
+            g.require_equal_or_zero("#exp", ":e0", c.lease_expires_at_ms);
+            g.require_equal_or_zero(attr::LEASE_COUNTER, ":c0", c.lease_counter);
+            g.require_equal_or_absent(attr::UID, ":u0", c.uid.as_ref().map(s));
+            g.require_equal_or_absent(attr::INSTALLATION, ":i0", c.installation.as_ref().map(s));
+            g.require_equal_or_absent(attr::DELETED_AT_MS, ":d0", c.deleted_at_ms.map(n));
+            g.require_equal_or_absent(
+                attr::DESIRED_STATE,
+                ":ds0",
+                Some(s(c.desired_state.as_str())),
+            );
         }
     }
-
-    /// Numbers that default to 0 may be stored as 0 or not at all.
-    fn equal_or_zero(&mut self, attribute: &str, placeholder: &str, v: u64) {
-        if v == 0 {
-            self.condition.push_str(&format!(
-                " AND (attribute_not_exists({attribute}) OR {attribute} = {placeholder})"
-            ));
-        } else {
-            self.condition
-                .push_str(&format!(" AND {attribute} = {placeholder}"));
-        }
-        self.value(placeholder, n(v));
-    }
-
-    fn set(&mut self, clause: &str, placeholder: &str, v: AttributeValue) {
-        self.set.push(clause.to_string());
-        self.value(placeholder, v);
-    }
-
-    fn expression(&self) -> String {
-        let mut e = format!("SET {}", self.set.join(", "));
-        if !self.remove.is_empty() {
-            e.push_str(&format!(" REMOVE {}", self.remove.join(", ")));
-        }
-        e
-    }
+    g
 }
 
 /// What the index partition of a free or stopped stream should be.
@@ -214,16 +159,13 @@ impl LeaseStore {
             let ownership = current
                 .as_ref()
                 .map_or(Ownership::Free, StreamRecord::ownership);
-            let mut g = Guarded::on(current.as_ref());
-            g.set(
-                "desired_state = :d",
-                ":d",
-                s(desired.desired_state.as_str()),
-            );
-            g.set("ws_url = :u", ":u", s(&desired.ws_url));
-            g.set("spec = :spec", ":spec", s(&spec_text));
-            g.set("#gen = :g", ":g", n(desired.generation));
-            g.set("#exp = if_not_exists(#exp, :zero)", ":zero", n(0));
+            let mut g = guarded_on(current.as_ref());
+            g.set("desired_state", ":d", s(desired.desired_state.as_str()));
+            g.set("ws_url", ":u", s(&desired.ws_url));
+            g.set("spec", ":spec", s(&spec_text));
+            g.set("#gen", ":g", n(desired.generation));
+            g.set_clause("#exp = if_not_exists(#exp, :zero)");
+            g.value(":zero", n(0));
             let reviving = current.as_ref().is_some_and(StreamRecord::is_tombstone);
             let replacing = current.as_ref().is_some_and(|c| {
                 c.uid.is_some() && c.uid != desired.resource.as_ref().map(|r| r.uid.clone())
@@ -239,43 +181,39 @@ impl LeaseStore {
             // carried over.
             let new_identity = reviving || replacing;
             if new_identity {
-                g.set("created_at_ms = :now", ":now", n(now_ms()));
-                g.set(
-                    "lease_counter = if_not_exists(lease_counter, :zero) + :one",
-                    ":one",
-                    n(1),
-                );
+                g.set("created_at_ms", ":now", n(now_ms()));
+                g.set_clause("lease_counter = if_not_exists(lease_counter, :zero) + :one");
+                g.value(":one", n(1));
             } else {
-                g.set(
-                    "created_at_ms = if_not_exists(created_at_ms, :now)",
-                    ":now",
-                    n(now_ms()),
-                );
+                g.set_clause("created_at_ms = if_not_exists(created_at_ms, :now)");
+                g.value(":now", n(now_ms()));
             }
             if let Some(r) = &desired.resource {
-                g.set("uid = :uid", ":uid", s(&r.uid));
-                g.set("resource_created_ms = :rc", ":rc", n(r.created_ms));
+                g.set("uid", ":uid", s(&r.uid));
+                g.set("resource_created_ms", ":rc", n(r.created_ms));
                 // An empty attribute would read back as absent: none is written.
                 if !r.installation.is_empty() {
-                    g.set("installation = :inst", ":inst", s(&r.installation));
+                    g.set("installation", ":inst", s(&r.installation));
                 }
             }
             match holder_for(key, desired.desired_state, &ownership) {
-                Some(h) => g.set("holder = :h", ":h", s(h)),
+                Some(h) => g.set("holder", ":h", s(h)),
                 None if current
                     .as_ref()
                     .and_then(|c| c.holder.as_deref())
                     .is_some_and(|h| h.starts_with(UNOWNED_HOLDER_PREFIX)) =>
                 {
-                    g.remove.push(attr::HOLDER)
+                    g.remove(attr::HOLDER)
                 }
                 None => {}
             }
             if new_identity {
                 // No checkpoint, no stale status.
-                g.remove.push(attr::DELETED_AT_MS);
-                g.remove.push(attr::LAST_SEQ);
-                g.remove.extend(STATUS_ATTRIBUTES);
+                g.remove(attr::DELETED_AT_MS);
+                g.remove(attr::LAST_SEQ);
+                for a in STATUS_ATTRIBUTES {
+                    g.remove(a);
+                }
             }
             wrote = true;
             if self.guarded_write("upsert_desired", key, &g).await? {
@@ -328,16 +266,18 @@ impl LeaseStore {
                     owner: current.lease_owner.clone().unwrap_or_default(),
                 });
             }
-            let mut g = Guarded::on(Some(&current));
-            g.set("deleted_at_ms = :deleted", ":deleted", n(now_ms()));
+            let mut g = guarded_on(Some(&current));
+            g.set("deleted_at_ms", ":deleted", n(now_ms()));
             g.set(
-                "desired_state = :stopped",
+                "desired_state",
                 ":stopped",
                 s(DesiredState::Stopped.as_str()),
             );
-            g.remove.extend([attr::WS_URL, attr::SPEC, attr::LAST_SEQ]);
+            for a in [attr::WS_URL, attr::SPEC, attr::LAST_SEQ] {
+                g.remove(a);
+            }
             if ownership == Ownership::Free {
-                g.remove.push(attr::HOLDER);
+                g.remove(attr::HOLDER);
             }
             wrote = true;
             if self.guarded_write("tombstone", key, &g).await? {
@@ -409,35 +349,12 @@ impl LeaseStore {
         &self,
         operation: &'static str,
         key: &StreamKey,
-        g: &Guarded,
+        g: &Update,
     ) -> Result<bool, StoreError> {
-        let pk = key.pk();
-        let expression = g.expression();
         let out = self
-            .call(operation, Some(&pk), || {
-                let mut req = self
-                    .client
-                    .update_item()
-                    .table_name(&self.table)
-                    .key(attr::PK, s(&pk))
-                    .update_expression(&expression)
-                    .condition_expression(&g.condition)
-                    .expression_attribute_names("#gen", attr::GENERATION)
-                    .expression_attribute_names("#exp", attr::LEASE_EXPIRES_AT_MS)
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
-                for (name, value) in &g.values {
-                    req = req.expression_attribute_values(name, value.clone());
-                }
-                req.send()
-            })
+            .update_item(operation, &key.pk(), g, ReturnValue::None)
             .await?;
-        Ok(match out {
-            Ok(o) => {
-                self.record_capacity(operation, o.consumed_capacity());
-                true
-            }
-            Err(ConditionFailed) => false,
-        })
+        Ok(out.is_ok())
     }
 }
 

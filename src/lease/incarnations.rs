@@ -20,6 +20,7 @@ use super::pages::PartitionQuery;
 use super::record::{
     Checkpoint, Checkpoints, FleetEntry, InboxEntry, PodIdentity, WorkerRecord, WorkerState,
 };
+use super::update::Update;
 use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, ReturnConsumedCapacity, ReturnValue,
 };
@@ -82,6 +83,8 @@ impl LeaseStore {
     ) -> Result<(), StoreError> {
         let pk = me.pk();
         let now = now_ms();
+        let mut absent = Update::new();
+        absent.require("attribute_not_exists(Pk)");
         let out = self
             .call("register", Some(&pk), || {
                 let mut req = self
@@ -97,8 +100,8 @@ impl LeaseStore {
                     .item(attr::CREATED_AT_MS, n(now))
                     .item(attr::HELD, n(0))
                     .item(attr::EXPIRES_AT, ttl(LIVE_ITEM_TTL))
-                    .condition_expression("attribute_not_exists(Pk)")
                     .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
+                req = absent.guard_put(req);
                 if let Some(pod) = pod {
                     req = req
                         .item(attr::POD_UID, s(&pod.uid))
@@ -138,49 +141,42 @@ impl LeaseStore {
         renewal: &Renewal<'_>,
     ) -> Result<RenewOutcome, StoreError> {
         let pk = me.pk();
-        let mut update = String::from(
-            "SET heartbeat_version = :v, heartbeat_at_ms = :now, alive_until_ms = :until, \
-             held_streams = :held, checkpoints = :ck, checkpoint_shards = :shards, expires_at = :ttl",
+        let mut update = Update::new();
+        update.set(attr::HEARTBEAT_VERSION, ":v", n(renewal.version));
+        update.set(attr::HEARTBEAT_AT_MS, ":now", n(now_ms()));
+        update.set(
+            attr::ALIVE_UNTIL_MS,
+            ":until",
+            n(now_ms() + renewal.lease_ms),
         );
+        update.set(attr::HELD, ":held", n(renewal.held));
+        update.set(
+            attr::CHECKPOINTS,
+            ":ck",
+            checkpoints_value(renewal.checkpoints.iter().copied()),
+        );
+        update.set(
+            attr::CHECKPOINT_SHARDS,
+            ":shards",
+            n(renewal.checkpoint_shards),
+        );
+        update.set(attr::EXPIRES_AT, ":ttl", ttl(LIVE_ITEM_TTL));
         if !renewal.handled.is_empty() {
-            update.push_str(" DELETE changed_streams :handled");
+            update.delete(
+                attr::CHANGED_STREAMS,
+                ":handled",
+                AttributeValue::Ss(renewal.handled.clone()),
+            );
         }
+        // Versions only grow: an earlier renewal's attempt that lands late
+        // (its answer given up on) cannot move it back.
+        update.require("worker_state = :live AND heartbeat_version < :v");
+        update.value(":live", s(WorkerState::Live.as_str()));
         let out = self
-            .call("renew", Some(&pk), || {
-                let mut req = self
-                    .client
-                    .update_item()
-                    .table_name(&self.table)
-                    .key(attr::PK, s(&pk))
-                    .update_expression(&update)
-                    // Versions only grow: an earlier renewal's attempt that
-                    // lands late (its answer given up on) cannot move it back.
-                    .condition_expression("worker_state = :live AND heartbeat_version < :v")
-                    .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
-                    .expression_attribute_values(":v", n(renewal.version))
-                    .expression_attribute_values(":now", n(now_ms()))
-                    .expression_attribute_values(":held", n(renewal.held))
-                    .expression_attribute_values(":until", n(now_ms() + renewal.lease_ms))
-                    .expression_attribute_values(
-                        ":ck",
-                        checkpoints_value(renewal.checkpoints.iter().copied()),
-                    )
-                    .expression_attribute_values(":shards", n(renewal.checkpoint_shards))
-                    .expression_attribute_values(":ttl", ttl(LIVE_ITEM_TTL))
-                    .return_values(ReturnValue::AllNew)
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
-                if !renewal.handled.is_empty() {
-                    req = req.expression_attribute_values(
-                        ":handled",
-                        AttributeValue::Ss(renewal.handled.clone()),
-                    );
-                }
-                req.send()
-            })
+            .update_item("renew", &pk, &update, ReturnValue::AllNew)
             .await?;
         match out {
             Ok(o) => {
-                self.record_capacity("renew", o.consumed_capacity());
                 let changed = o
                     .attributes()
                     .map(worker_record)
@@ -360,28 +356,17 @@ impl LeaseStore {
         who: &Incarnation,
         observed_version: u64,
     ) -> Result<Option<WorkerState>, StoreError> {
-        let pk = who.pk();
+        let mut update = Update::new();
+        update.set(attr::WORKER_STATE, ":dead", s(WorkerState::Dead.as_str()));
+        update.set(attr::EXPIRES_AT, ":ttl", ttl(ENDED_ITEM_TTL));
+        update.require("worker_state = :live AND heartbeat_version = :v");
+        update.value(":live", s(WorkerState::Live.as_str()));
+        update.value(":v", n(observed_version));
         let out = self
-            .call("declare_dead", Some(&pk), || {
-                self.client
-                    .update_item()
-                    .table_name(&self.table)
-                    .key(attr::PK, s(&pk))
-                    .update_expression("SET worker_state = :dead, expires_at = :ttl")
-                    .condition_expression("worker_state = :live AND heartbeat_version = :v")
-                    .expression_attribute_values(":dead", s(WorkerState::Dead.as_str()))
-                    .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
-                    .expression_attribute_values(":v", n(observed_version))
-                    .expression_attribute_values(":ttl", ttl(ENDED_ITEM_TTL))
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
-                    .send()
-            })
+            .update_item("declare_dead", &who.pk(), &update, ReturnValue::None)
             .await?;
         match out {
-            Ok(o) => {
-                self.record_capacity("declare_dead", o.consumed_capacity());
-                Ok(Some(WorkerState::Dead))
-            }
+            Ok(_) => Ok(Some(WorkerState::Dead)),
             Err(ConditionFailed) => Ok(self.worker(who).await?.map(|w| w.state)),
         }
     }
@@ -409,25 +394,23 @@ impl LeaseStore {
             {
                 continue;
             }
-            let pk = w.incarnation.pk();
+            let mut update = Update::new();
+            update.set(attr::WORKER_STATE, ":dead", s(WorkerState::Dead.as_str()));
+            update.set(attr::EXPIRES_AT, ":ttl", ttl(ENDED_ITEM_TTL));
+            update.require(
+                "worker_state = :live AND pod_uid = :uid AND pod_container = :container AND restart_count < :restarts",
+            );
+            update.value(":live", s(WorkerState::Live.as_str()));
+            update.value(":uid", s(&pod.uid));
+            update.value(":container", s(&pod.container));
+            update.value(":restarts", n(pod.restart_count));
             let out = self
-                .call("declare_dead", Some(&pk), || {
-                    self.client
-                        .update_item()
-                        .table_name(&self.table)
-                        .key(attr::PK, s(&pk))
-                        .update_expression("SET worker_state = :dead, expires_at = :ttl")
-                        .condition_expression(
-                            "worker_state = :live AND pod_uid = :uid AND pod_container = :container AND restart_count < :restarts",
-                        )
-                        .expression_attribute_values(":dead", s(WorkerState::Dead.as_str()))
-                        .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
-                        .expression_attribute_values(":uid", s(&pod.uid))
-                        .expression_attribute_values(":container", s(&pod.container))
-                        .expression_attribute_values(":restarts", n(pod.restart_count))
-                        .expression_attribute_values(":ttl", ttl(ENDED_ITEM_TTL))
-                        .send()
-                })
+                .update_item(
+                    "declare_dead",
+                    &w.incarnation.pk(),
+                    &update,
+                    ReturnValue::None,
+                )
                 .await?;
             if out.is_ok() {
                 marked.push(w.incarnation.clone());
@@ -458,51 +441,32 @@ impl LeaseStore {
         operation: &'static str,
         attribute: &'static str,
     ) -> Result<(), StoreError> {
-        let pk = me.pk();
-        let out = self
-            .call(operation, Some(&pk), || {
-                self.client
-                    .update_item()
-                    .table_name(&self.table)
-                    .key(attr::PK, s(&pk))
-                    .update_expression("SET #stamp = :now")
-                    .condition_expression("worker_state = :live")
-                    .expression_attribute_names("#stamp", attribute)
-                    .expression_attribute_values(":now", n(now_ms()))
-                    .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
-                    .send()
-            })
-            .await?;
-        if let Ok(o) = out {
-            self.record_capacity(operation, o.consumed_capacity());
-        }
+        let mut update = Update::new();
+        update.set("#stamp", ":now", n(now_ms()));
+        update.name("#stamp", attribute);
+        update.require("worker_state = :live");
+        update.value(":live", s(WorkerState::Live.as_str()));
+        // A lost condition means it is not LIVE: the announcement is moot.
+        self.update_item(operation, &me.pk(), &update, ReturnValue::None)
+            .await?
+            .ok();
         Ok(())
     }
 
     /// Marks this incarnation LEFT after a graceful shutdown released everything.
     pub async fn leave(&self, me: &Incarnation) -> Result<(), StoreError> {
-        let pk = me.pk();
-        self.call("leave", Some(&pk), || {
-            self.client
-                .update_item()
-                .table_name(&self.table)
-                .key(attr::PK, s(&pk))
-                .update_expression(
-                    "SET worker_state = :left, expires_at = :ttl, held_streams = :zero",
-                )
-                .condition_expression("worker_state = :live")
-                .expression_attribute_values(":left", s(WorkerState::Left.as_str()))
-                .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
-                .expression_attribute_values(":ttl", ttl(ENDED_ITEM_TTL))
-                .expression_attribute_values(":zero", n(0))
-                .send()
-        })
-        .await?
-        .map_err(|_| StoreError::Rejected {
-            operation: "leave",
-            detail: format!("{me} is no longer LIVE"),
-        })?;
+        let mut update = Update::new();
+        update.set(attr::WORKER_STATE, ":left", s(WorkerState::Left.as_str()));
+        update.set(attr::EXPIRES_AT, ":ttl", ttl(ENDED_ITEM_TTL));
+        update.set(attr::HELD, ":zero", n(0));
+        update.require("worker_state = :live");
+        update.value(":live", s(WorkerState::Live.as_str()));
+        self.update_item("leave", &me.pk(), &update, ReturnValue::None)
+            .await?
+            .map_err(|_| StoreError::Rejected {
+                operation: "leave",
+                detail: format!("{me} is no longer LIVE"),
+            })?;
         Ok(())
     }
 
@@ -536,17 +500,23 @@ impl LeaseStore {
             self.delete_checkpoint_shard(who, shard).await?;
         }
         let pk = who.pk();
+        let mut not_live = Update::new();
+        not_live.require("worker_state <> :live");
+        not_live.value(":live", s(WorkerState::Live.as_str()));
         let deleted = self
             .call("forget_worker", Some(&pk), || {
-                self.client
+                let req = self
+                    .client
                     .delete_item()
                     .table_name(&self.table)
                     .key(attr::PK, s(&pk))
-                    .condition_expression("worker_state <> :live")
-                    .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
-                    .send()
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
+                not_live.guard_delete(req).send()
             })
             .await?;
+        if let Ok(o) = &deleted {
+            self.record_capacity("forget_worker", o.consumed_capacity());
+        }
         // Off the roster only once its item is gone and it holds nothing.
         if deleted.is_ok() {
             self.unenroll(who).await?;
@@ -562,27 +532,18 @@ impl LeaseStore {
         owner: &Incarnation,
         key: &StreamKey,
     ) -> Result<(), StoreError> {
-        let pk = owner.pk();
-        let out = self
-            .call("notify_owner", Some(&pk), || {
-                self.client
-                    .update_item()
-                    .table_name(&self.table)
-                    .key(attr::PK, s(&pk))
-                    .update_expression("ADD changed_streams :k")
-                    .condition_expression("worker_state = :live")
-                    .expression_attribute_values(
-                        ":k",
-                        AttributeValue::Ss(vec![InboxEntry::new(key).raw]),
-                    )
-                    .expression_attribute_values(":live", s(WorkerState::Live.as_str()))
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
-                    .send()
-            })
-            .await?;
-        if let Ok(o) = out {
-            self.record_capacity("notify_owner", o.consumed_capacity());
-        }
+        let mut update = Update::new();
+        update.add(
+            attr::CHANGED_STREAMS,
+            ":k",
+            AttributeValue::Ss(vec![InboxEntry::new(key).raw]),
+        );
+        // A dead or departed owner has nothing to be told.
+        update.require("worker_state = :live");
+        update.value(":live", s(WorkerState::Live.as_str()));
+        self.update_item("notify_owner", &owner.pk(), &update, ReturnValue::None)
+            .await?
+            .ok();
         Ok(())
     }
 }

@@ -29,6 +29,7 @@ mod record;
 pub mod retry;
 mod roster;
 mod status;
+mod update;
 mod view;
 
 pub use admin::{HOLDER_INDEX, LEGACY_INDEX, TableChange, TableLayout};

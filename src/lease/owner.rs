@@ -9,7 +9,8 @@ use super::codec::{attr, n, s};
 use super::error::StoreError;
 use super::record::{DesiredState, Lease, OWNED_EXPIRY_MS, OwnerWrite, Ownership, StreamRecord};
 use super::status::{ReleaseReason, SessionStatus};
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
+use super::update::Update;
+use aws_sdk_dynamodb::types::ReturnValue;
 
 /// The ownership guard every owner write carries.
 const OWNED: &str = "lease_owner = :me AND lease_counter = :c AND #exp = :far";
@@ -18,68 +19,44 @@ const OWNED: &str = "lease_owner = :me AND lease_counter = :c AND #exp = :far";
 /// lost to a concurrent change while the stream was still ours.
 const MAX_RELEASE_ATTEMPTS: usize = 3;
 
-/// An owner-guarded update under construction.
-struct OwnerUpdate {
-    set: Vec<String>,
-    remove: Vec<&'static str>,
-    condition: String,
-    values: Vec<(&'static str, AttributeValue)>,
+/// An update guarded by `lease`: this owner, this token, still owned.
+fn owner_update(lease: &Lease) -> Update {
+    let mut u = Update::new();
+    u.require(OWNED);
+    u.name("#exp", attr::LEASE_EXPIRES_AT_MS);
+    u.value(":me", s(lease.owner.as_str()));
+    u.value(":c", n(lease.counter));
+    u.value(":far", n(OWNED_EXPIRY_MS));
+    u
 }
 
-impl OwnerUpdate {
-    fn new() -> Self {
-        Self {
-            set: Vec::new(),
-            remove: Vec::new(),
-            condition: OWNED.to_string(),
-            values: Vec::new(),
-        }
-    }
+/// The session status, as every owner write that carries it writes it.
+fn set_status(u: &mut Update, status: &SessionStatus) {
+    u.set(attr::PHASE, ":phase", s(status.phase.as_str()));
+    u.set(attr::RECONNECTS, ":reconnects", n(status.reconnects));
+    // Absent values are written as empty strings / 0 rather than removed,
+    // which keeps every status write one SET clause.
+    u.set(
+        attr::STATUS_REASON,
+        ":reason",
+        s(status.reason.clone().unwrap_or_default()),
+    );
+    u.set(
+        attr::STATUS_MESSAGE,
+        ":message",
+        s(status.message.clone().unwrap_or_default()),
+    );
+    u.set(
+        attr::CONNECTED_SINCE_MS,
+        ":since",
+        n(status.connected_since_ms.unwrap_or(0)),
+    );
+}
 
-    fn set(&mut self, attribute: &str, placeholder: &'static str, value: AttributeValue) {
-        self.assign(format!("{attribute} = {placeholder}"), placeholder, value);
-    }
-
-    fn assign(&mut self, clause: String, placeholder: &'static str, value: AttributeValue) {
-        self.set.push(clause);
-        self.values.push((placeholder, value));
-    }
-
-    fn status(&mut self, status: &SessionStatus) {
-        self.set(attr::PHASE, ":phase", s(status.phase.as_str()));
-        self.set(attr::RECONNECTS, ":reconnects", n(status.reconnects));
-        // Absent values are written as empty strings / 0 rather than removed,
-        // which keeps every status write one SET clause.
-        self.set(
-            attr::STATUS_REASON,
-            ":reason",
-            s(status.reason.clone().unwrap_or_default()),
-        );
-        self.set(
-            attr::STATUS_MESSAGE,
-            ":message",
-            s(status.message.clone().unwrap_or_default()),
-        );
-        self.set(
-            attr::CONNECTED_SINCE_MS,
-            ":since",
-            n(status.connected_since_ms.unwrap_or(0)),
-        );
-    }
-
-    fn checkpoint(&mut self, seq: u64) {
-        self.set(attr::LAST_SEQ, ":seq", n(seq));
-        self.condition
-            .push_str(" AND (attribute_not_exists(last_seq) OR last_seq <= :seq)");
-    }
-
-    fn expression(&self) -> String {
-        let mut e = format!("SET {}", self.set.join(", "));
-        if !self.remove.is_empty() {
-            e.push_str(&format!(" REMOVE {}", self.remove.join(", ")));
-        }
-        e
-    }
+/// The checkpoint, never moved backwards.
+fn set_checkpoint(u: &mut Update, seq: u64) {
+    u.set(attr::LAST_SEQ, ":seq", n(seq));
+    u.require("(attribute_not_exists(last_seq) OR last_seq <= :seq)");
 }
 
 /// What a failed owner write found when it read the item back.
@@ -92,36 +69,17 @@ enum Found {
 }
 
 impl LeaseStore {
-    async fn owner_update(
+    async fn send_owner_update(
         &self,
         operation: &'static str,
         lease: &Lease,
-        update: &OwnerUpdate,
+        update: &Update,
     ) -> Result<Result<(), ConditionFailed>, StoreError> {
-        let pk = lease.key.pk();
-        let expression = update.expression();
         let _turn = self.stream_write_turn().await;
         let out = self
-            .call(operation, Some(&pk), || {
-                let mut req = self
-                    .client
-                    .update_item()
-                    .table_name(&self.table)
-                    .key(attr::PK, s(&pk))
-                    .update_expression(&expression)
-                    .condition_expression(&update.condition)
-                    .expression_attribute_names("#exp", attr::LEASE_EXPIRES_AT_MS)
-                    .expression_attribute_values(":me", s(lease.owner.as_str()))
-                    .expression_attribute_values(":c", n(lease.counter))
-                    .expression_attribute_values(":far", n(OWNED_EXPIRY_MS))
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
-                for (name, value) in &update.values {
-                    req = req.expression_attribute_values(*name, value.clone());
-                }
-                req.send()
-            })
+            .update_item(operation, &lease.key.pk(), update, ReturnValue::None)
             .await?;
-        Ok(out.map(|o| self.record_capacity(operation, o.consumed_capacity())))
+        Ok(out.map(|_| ()))
     }
 
     async fn after_lost_condition(&self, lease: &Lease) -> Result<Found, StoreError> {
@@ -144,11 +102,14 @@ impl LeaseStore {
         status: &SessionStatus,
         served_generation: i64,
     ) -> Result<OwnerWrite<()>, StoreError> {
-        let mut update = OwnerUpdate::new();
-        update.status(status);
+        let mut update = owner_update(lease);
+        set_status(&mut update, status);
         update.set(attr::SERVED_GENERATION, ":served", n(served_generation));
         Ok(
-            match self.owner_update("write_status", lease, &update).await? {
+            match self
+                .send_owner_update("write_status", lease, &update)
+                .await?
+            {
                 Ok(()) => OwnerWrite::Done(()),
                 Err(ConditionFailed) => OwnerWrite::Lost,
             },
@@ -163,10 +124,13 @@ impl LeaseStore {
         lease: &Lease,
         seq: u64,
     ) -> Result<OwnerWrite<()>, StoreError> {
-        let mut update = OwnerUpdate::new();
-        update.checkpoint(seq);
+        let mut update = owner_update(lease);
+        set_checkpoint(&mut update, seq);
         Ok(
-            match self.owner_update("fold_checkpoint", lease, &update).await? {
+            match self
+                .send_owner_update("fold_checkpoint", lease, &update)
+                .await?
+            {
                 Ok(()) => OwnerWrite::Done(()),
                 Err(ConditionFailed) => match self.after_lost_condition(lease).await? {
                     // The stored checkpoint is already at or past `seq`.
@@ -192,24 +156,24 @@ impl LeaseStore {
         let mut desired = desired;
         let mut checkpoint = checkpoint;
         for _ in 0..MAX_RELEASE_ATTEMPTS {
-            let mut update = OwnerUpdate::new();
-            update.status(status);
+            let mut update = owner_update(lease);
+            set_status(&mut update, status);
             // `#exp` is the name alias the ownership guard already uses.
-            update.assign("#exp = :zero".into(), ":zero", n(0));
+            update.set("#exp", ":zero", n(0));
             update.set(attr::RELEASED_AT_MS, ":released", n(now_ms()));
             update.set(attr::RELEASE_REASON, ":why", s(reason.as_str()));
-            update.condition.push_str(" AND desired_state = :desired");
-            update.values.push((":desired", s(desired.as_str())));
+            update.require("desired_state = :desired");
+            update.value(":desired", s(desired.as_str()));
             match desired {
                 DesiredState::Started => {
                     update.set(attr::HOLDER, ":holder", s(lease.key.unowned_holder()))
                 }
-                DesiredState::Stopped => update.remove.push(attr::HOLDER),
+                DesiredState::Stopped => update.remove(attr::HOLDER),
             }
             if let Some(seq) = checkpoint {
-                update.checkpoint(seq);
+                set_checkpoint(&mut update, seq);
             }
-            match self.owner_update("release", lease, &update).await? {
+            match self.send_owner_update("release", lease, &update).await? {
                 Ok(()) => return Ok(OwnerWrite::Done(())),
                 Err(ConditionFailed) => match self.after_lost_condition(lease).await? {
                     Found::ReleasedByUs => return Ok(OwnerWrite::Done(())),
@@ -233,27 +197,28 @@ impl LeaseStore {
     /// STOPPED stream, so nobody would ever take it), emptying the dead
     /// incarnation's partitions.
     pub async fn clear_dead_owner(&self, record: &StreamRecord) -> Result<bool, StoreError> {
-        let pk = record.key.pk();
-        let owner = record.lease_owner.clone().unwrap_or_default();
+        let mut update = Update::new();
+        update.set("#exp", ":zero", n(0));
+        update.set(attr::RELEASED_AT_MS, ":now", n(now_ms()));
+        update.remove(attr::HOLDER);
+        update.require(
+            "lease_owner = :prev AND lease_counter = :c AND #exp = :far AND desired_state = :stopped",
+        );
+        update.name("#exp", attr::LEASE_EXPIRES_AT_MS);
+        update.value(
+            ":prev",
+            s(record.lease_owner.as_deref().unwrap_or_default()),
+        );
+        update.value(":c", n(record.lease_counter));
+        update.value(":far", n(OWNED_EXPIRY_MS));
+        update.value(":stopped", s(DesiredState::Stopped.as_str()));
         let out = self
-            .call("clear_dead_owner", Some(&pk), || {
-                self.client
-                    .update_item()
-                    .table_name(&self.table)
-                    .key(attr::PK, s(&pk))
-                    .update_expression("SET #exp = :zero, released_at_ms = :now REMOVE holder")
-                    .condition_expression(
-                        "lease_owner = :prev AND lease_counter = :c AND #exp = :far AND desired_state = :stopped",
-                    )
-                    .expression_attribute_names("#exp", attr::LEASE_EXPIRES_AT_MS)
-                    .expression_attribute_values(":zero", n(0))
-                    .expression_attribute_values(":now", n(now_ms()))
-                    .expression_attribute_values(":prev", s(&owner))
-                    .expression_attribute_values(":c", n(record.lease_counter))
-                    .expression_attribute_values(":far", n(OWNED_EXPIRY_MS))
-                    .expression_attribute_values(":stopped", s(DesiredState::Stopped.as_str()))
-                    .send()
-            })
+            .update_item(
+                "clear_dead_owner",
+                &record.key.pk(),
+                &update,
+                ReturnValue::None,
+            )
             .await?;
         Ok(out.is_ok())
     }

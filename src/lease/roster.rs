@@ -19,42 +19,45 @@ use super::codec::{attr, n, s};
 use super::error::StoreError;
 use super::keys::{FLEET_HOLDER, Incarnation, ROSTER_PK};
 use super::record::WorkerState;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity};
+use super::update::Update;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValue};
+
+/// Whether an incarnation joins or leaves the roster.
+enum RosterChange {
+    Enroll,
+    Unenroll,
+}
 
 impl LeaseStore {
     /// Adds `me` to the roster (idempotent).
     pub async fn enroll(&self, me: &Incarnation) -> Result<(), StoreError> {
-        self.roster_update("enroll", "ADD", me).await
+        self.roster_update("enroll", RosterChange::Enroll, me).await
     }
 
     /// Removes a forgotten incarnation from the roster (idempotent).
     pub(super) async fn unenroll(&self, who: &Incarnation) -> Result<(), StoreError> {
-        self.roster_update("unenroll", "DELETE", who).await
+        self.roster_update("unenroll", RosterChange::Unenroll, who)
+            .await
     }
 
     async fn roster_update(
         &self,
         operation: &'static str,
-        verb: &str,
+        change: RosterChange,
         who: &Incarnation,
     ) -> Result<(), StoreError> {
-        let expression = format!("{verb} {} :who", attr::ROSTER);
-        let out = self
-            .call_plain(operation, Some(ROSTER_PK), || {
-                self.client
-                    .update_item()
-                    .table_name(&self.table)
-                    .key(attr::PK, s(ROSTER_PK))
-                    .update_expression(&expression)
-                    .expression_attribute_values(
-                        ":who",
-                        AttributeValue::Ss(vec![who.as_str().to_string()]),
-                    )
-                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                    .send()
-            })
-            .await?;
-        self.record_capacity(operation, out.consumed_capacity());
+        let mut update = Update::new();
+        let who = AttributeValue::Ss(vec![who.as_str().to_string()]);
+        match change {
+            RosterChange::Enroll => update.add(attr::ROSTER, ":who", who),
+            RosterChange::Unenroll => update.delete(attr::ROSTER, ":who", who),
+        }
+        self.update_item(operation, ROSTER_PK, &update, ReturnValue::None)
+            .await?
+            .map_err(|_| StoreError::Rejected {
+                operation,
+                detail: "an unconditioned roster write failed its condition".into(),
+            })?;
         Ok(())
     }
 
@@ -86,9 +89,12 @@ impl LeaseStore {
     pub async fn declare_vanished_dead(&self, who: &Incarnation) -> Result<bool, StoreError> {
         let pk = who.pk();
         let now = now_ms();
+        let mut absent = Update::new();
+        absent.require("attribute_not_exists(Pk)");
         let out = self
             .call("declare_vanished_dead", Some(&pk), || {
-                self.client
+                let req = self
+                    .client
                     .put_item()
                     .table_name(&self.table)
                     .item(attr::PK, s(&pk))
@@ -99,9 +105,8 @@ impl LeaseStore {
                     .item(attr::HEARTBEAT_AT_MS, n(0))
                     .item(attr::CREATED_AT_MS, n(now))
                     .item(attr::HELD, n(0))
-                    .condition_expression("attribute_not_exists(Pk)")
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
-                    .send()
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
+                absent.guard_put(req).send()
             })
             .await?;
         Ok(match out {

@@ -1,0 +1,228 @@
+//! The one builder of conditional writes: every UpdateItem the store makes is
+//! an [`Update`] (what it sets, removes, adds and deletes, and the condition
+//! it is guarded by), and the conditioned puts and deletes borrow its
+//! condition. One builder means one place where an expression, its names and
+//! its values are put together, so a guard cannot be written without the
+//! values it names, and every write reports its consumed capacity the same way.
+
+use super::client::{ConditionFailed, LeaseStore};
+use super::codec::{attr, n, s};
+use super::error::StoreError;
+use aws_sdk_dynamodb::operation::delete_item::builders::DeleteItemFluentBuilder;
+use aws_sdk_dynamodb::operation::put_item::builders::PutItemFluentBuilder;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemOutput;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValue};
+
+/// A conditional write under construction. Placeholders are chosen by the
+/// caller (they read better in a guard than generated ones); a placeholder
+/// given twice keeps the last value.
+#[derive(Default)]
+pub(super) struct Update {
+    set: Vec<String>,
+    remove: Vec<&'static str>,
+    add: Vec<String>,
+    delete: Vec<String>,
+    conditions: Vec<String>,
+    names: Vec<(&'static str, &'static str)>,
+    values: Vec<(String, AttributeValue)>,
+}
+
+impl Update {
+    pub(super) fn new() -> Self {
+        Self::default()
+    }
+
+    /// `SET attribute = placeholder`.
+    pub(super) fn set(&mut self, attribute: &str, placeholder: &str, value: AttributeValue) {
+        self.set_clause(format!("{attribute} = {placeholder}"));
+        self.value(placeholder, value);
+    }
+
+    /// A SET clause written out (`x = if_not_exists(x, :zero)`); the values it
+    /// names are given with [`Update::value`].
+    pub(super) fn set_clause(&mut self, clause: impl Into<String>) {
+        self.set.push(clause.into());
+    }
+
+    /// `REMOVE attribute`.
+    pub(super) fn remove(&mut self, attribute: &'static str) {
+        self.remove.push(attribute);
+    }
+
+    /// `ADD attribute placeholder` (numbers and sets).
+    pub(super) fn add(&mut self, attribute: &str, placeholder: &str, value: AttributeValue) {
+        self.add.push(format!("{attribute} {placeholder}"));
+        self.value(placeholder, value);
+    }
+
+    /// `DELETE attribute placeholder` (elements of a set).
+    pub(super) fn delete(&mut self, attribute: &str, placeholder: &str, value: AttributeValue) {
+        self.delete.push(format!("{attribute} {placeholder}"));
+        self.value(placeholder, value);
+    }
+
+    /// One more condition; all of them must hold.
+    pub(super) fn require(&mut self, condition: impl Into<String>) {
+        self.conditions.push(condition.into());
+    }
+
+    /// `attribute = placeholder`, or the attribute absent when there is no value.
+    pub(super) fn require_equal_or_absent(
+        &mut self,
+        attribute: &str,
+        placeholder: &str,
+        value: Option<AttributeValue>,
+    ) {
+        match value {
+            Some(v) => {
+                self.require(format!("{attribute} = {placeholder}"));
+                self.value(placeholder, v);
+            }
+            None => self.require(format!("attribute_not_exists({attribute})")),
+        }
+    }
+
+    /// Numbers that default to 0 may be stored as 0 or not at all.
+    pub(super) fn require_equal_or_zero(&mut self, attribute: &str, placeholder: &str, v: u64) {
+        if v == 0 {
+            self.require(format!(
+                "(attribute_not_exists({attribute}) OR {attribute} = {placeholder})"
+            ));
+        } else {
+            self.require(format!("{attribute} = {placeholder}"));
+        }
+        self.value(placeholder, n(v));
+    }
+
+    /// An alias (`#exp`) for an attribute name the expressions use.
+    pub(super) fn name(&mut self, alias: &'static str, attribute: &'static str) {
+        self.names.push((alias, attribute));
+    }
+
+    /// A value the expressions name.
+    pub(super) fn value(&mut self, placeholder: &str, value: AttributeValue) {
+        self.values.push((placeholder.to_string(), value));
+    }
+
+    fn expression(&self) -> String {
+        let mut clauses = Vec::new();
+        if !self.set.is_empty() {
+            clauses.push(format!("SET {}", self.set.join(", ")));
+        }
+        if !self.remove.is_empty() {
+            clauses.push(format!("REMOVE {}", self.remove.join(", ")));
+        }
+        if !self.add.is_empty() {
+            clauses.push(format!("ADD {}", self.add.join(", ")));
+        }
+        if !self.delete.is_empty() {
+            clauses.push(format!("DELETE {}", self.delete.join(", ")));
+        }
+        clauses.join(" ")
+    }
+
+    fn condition(&self) -> Option<String> {
+        (!self.conditions.is_empty()).then(|| self.conditions.join(" AND "))
+    }
+
+    /// The condition (with its names and values) on a PutItem.
+    pub(super) fn guard_put(&self, mut req: PutItemFluentBuilder) -> PutItemFluentBuilder {
+        req = req.set_condition_expression(self.condition());
+        for (alias, attribute) in &self.names {
+            req = req.expression_attribute_names(*alias, *attribute);
+        }
+        for (placeholder, value) in &self.values {
+            req = req.expression_attribute_values(placeholder, value.clone());
+        }
+        req
+    }
+
+    /// The condition (with its names and values) on a DeleteItem.
+    pub(super) fn guard_delete(&self, mut req: DeleteItemFluentBuilder) -> DeleteItemFluentBuilder {
+        req = req.set_condition_expression(self.condition());
+        for (alias, attribute) in &self.names {
+            req = req.expression_attribute_names(*alias, *attribute);
+        }
+        for (placeholder, value) in &self.values {
+            req = req.expression_attribute_values(placeholder, value.clone());
+        }
+        req
+    }
+}
+
+impl LeaseStore {
+    /// Sends `update` to the item `pk`, retried inside the store's deadline;
+    /// a failed condition is the inner `Err`. Capacity is counted either way
+    /// it was reported.
+    pub(super) async fn update_item(
+        &self,
+        operation: &'static str,
+        pk: &str,
+        update: &Update,
+        returning: ReturnValue,
+    ) -> Result<Result<UpdateItemOutput, ConditionFailed>, StoreError> {
+        let expression = update.expression();
+        let condition = update.condition();
+        let out = self
+            .call(operation, Some(pk), || {
+                let mut req = self
+                    .client
+                    .update_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(pk))
+                    .update_expression(&expression)
+                    .set_condition_expression(condition.clone())
+                    .return_values(returning.clone())
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
+                for (alias, attribute) in &update.names {
+                    req = req.expression_attribute_names(*alias, *attribute);
+                }
+                for (placeholder, value) in &update.values {
+                    req = req.expression_attribute_values(placeholder, value.clone());
+                }
+                req.send()
+            })
+            .await?;
+        if let Ok(o) = &out {
+            self.record_capacity(operation, o.consumed_capacity());
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clauses_come_in_one_expression_and_conditions_are_all_required() {
+        let mut u = Update::new();
+        u.set("a", ":a", n(1));
+        u.set_clause("b = if_not_exists(b, :zero)");
+        u.value(":zero", n(0));
+        u.remove("c");
+        u.add("d", ":d", n(2));
+        u.delete("e", ":e", AttributeValue::Ss(vec!["x".into()]));
+        u.require("f = :a");
+        u.require_equal_or_absent("g", ":g", None);
+        u.require_equal_or_zero("h", ":h", 0);
+        assert_eq!(
+            u.expression(),
+            "SET a = :a, b = if_not_exists(b, :zero) REMOVE c ADD d :d DELETE e :e"
+        );
+        assert_eq!(
+            u.condition().as_deref(),
+            Some("f = :a AND attribute_not_exists(g) AND (attribute_not_exists(h) OR h = :h)")
+        );
+        let named: Vec<&str> = u.values.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(named, [":a", ":zero", ":d", ":e", ":h"]);
+    }
+
+    #[test]
+    fn an_unconditioned_update_has_no_condition() {
+        let mut u = Update::new();
+        u.add("roster", ":who", AttributeValue::Ss(vec!["w".into()]));
+        assert_eq!(u.condition(), None);
+        assert_eq!(u.expression(), "ADD roster :who");
+    }
+}
