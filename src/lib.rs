@@ -14,6 +14,7 @@ pub mod http;
 pub mod lease;
 pub mod manifest;
 pub mod metrics;
+mod mirror;
 pub mod process_metrics;
 pub mod sink;
 pub mod telemetry;

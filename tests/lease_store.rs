@@ -21,7 +21,7 @@ fn desired(name: &str, state: DesiredState, generation: i64) -> DesiredStream {
         key: StreamKey::new("test", name),
         desired_state: state,
         ws_url: format!("ws://127.0.0.1:1/{name}?after={{last_seq}}"),
-        spec: json!({"sink": {"log": {}}}),
+        spec: json!({"sink": {"log": {}}}).to_string(),
         generation,
         resource: None,
     }
@@ -792,7 +792,7 @@ async fn bad_input_gives_a_typed_error_and_writes_nothing() {
 
     let store = fresh_store(None).await;
     let mut big = desired("big", DesiredState::Started, 1);
-    big.spec = json!({ "padding": "x".repeat(410 * 1024) });
+    big.spec = json!({ "padding": "x".repeat(410 * 1024) }).to_string();
     let err = store.upsert_desired(&big).await.unwrap_err();
     assert!(matches!(err, StoreError::ItemTooLarge { .. }), "{err}");
     assert_eq!(store.get(&big.key).await.unwrap(), None, "nothing written");

@@ -35,12 +35,12 @@ pub async fn apply(
     for m in &manifests {
         let current = store.get(&m.key).await?;
         let desired_state: DesiredState = m.spec.desired_state.into();
-        let spec_json = serde_json::to_value(&m.spec)?;
+        let spec_text = crate::crd::stored::encode(&m.spec);
         // Standalone mode has no API server counting generations: bump on change.
         let (generation, verb) = match &current {
             Some(c)
                 if !c.is_tombstone()
-                    && c.spec.as_ref() == Some(&spec_json)
+                    && c.spec.as_deref() == Some(spec_text.as_str())
                     && c.desired_state == desired_state =>
             {
                 (c.generation, "unchanged")

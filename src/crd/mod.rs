@@ -2,7 +2,6 @@
 //! descriptions `kubectl explain` shows, and the same types parse the manifests
 //! `tether apply` reads, so both modes accept exactly one schema.
 
-use crate::lease::{DesiredState, DesiredStream, ResourceIdentity, StreamKey};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -10,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 mod sink;
+pub mod stored;
 pub use sink::*;
 
 /// Default keepalive ping interval.
@@ -102,15 +102,6 @@ pub enum DesiredStateSpec {
     #[default]
     Started,
     Stopped,
-}
-
-impl From<DesiredStateSpec> for DesiredState {
-    fn from(value: DesiredStateSpec) -> Self {
-        match value {
-            DesiredStateSpec::Started => DesiredState::Started,
-            DesiredStateSpec::Stopped => DesiredState::Stopped,
-        }
-    }
 }
 
 /// How to read a message's sequence number.
@@ -440,25 +431,6 @@ impl StreamConnectionSpec {
             Ok(())
         } else {
             Err(errors)
-        }
-    }
-
-    /// What the control plane writes into the table for this spec; `resource`
-    /// identifies the Kubernetes object (none in standalone mode).
-    pub fn to_desired(
-        &self,
-        key: StreamKey,
-        generation: i64,
-        resource: Option<ResourceIdentity>,
-    ) -> DesiredStream {
-        DesiredStream {
-            key,
-            desired_state: self.desired_state.into(),
-            ws_url: self.url.clone(),
-            // Serialising plain data cannot fail.
-            spec: serde_json::to_value(self).unwrap_or_default(),
-            generation,
-            resource,
         }
     }
 }

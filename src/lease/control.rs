@@ -86,7 +86,7 @@ fn holder_for(key: &StreamKey, desired: DesiredState, ownership: &Ownership) -> 
 }
 
 /// Whether the item already says everything `desired` says.
-fn matches(current: &StreamRecord, desired: &DesiredStream, spec: &serde_json::Value) -> bool {
+fn matches(current: &StreamRecord, desired: &DesiredStream) -> bool {
     let free_holder_ok = match current.ownership() {
         Ownership::Free => {
             current.holder == holder_for(&current.key, current.desired_state, &Ownership::Free)
@@ -96,7 +96,7 @@ fn matches(current: &StreamRecord, desired: &DesiredStream, spec: &serde_json::V
     !current.is_tombstone()
         && current.desired_state == desired.desired_state
         && current.ws_url == desired.ws_url
-        && current.spec.as_ref() == Some(spec)
+        && current.spec.as_deref() == Some(desired.spec.as_str())
         && current.generation == desired.generation
         && current.uid == desired.resource.as_ref().map(|r| r.uid.clone())
         && current.installation.as_deref().unwrap_or_default()
@@ -112,13 +112,7 @@ impl LeaseStore {
     /// unchanged by [`LeaseStore::upsert_desired`]): lets the controller skip
     /// the write, and its read, at steady state.
     pub fn mirrors(record: &StreamRecord, desired: &DesiredStream) -> bool {
-        match serde_json::to_string(&desired.spec)
-            .ok()
-            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-        {
-            Some(spec) => refusal(record, desired).is_none() && matches(record, desired, &spec),
-            None => false,
-        }
+        refusal(record, desired).is_none() && matches(record, desired)
     }
 
     /// Mirrors desired state into the item, creating it if needed. Never
@@ -130,12 +124,6 @@ impl LeaseStore {
         desired: &DesiredStream,
     ) -> Result<UpsertOutcome, StoreError> {
         let key = &desired.key;
-        let spec_text = serde_json::to_string(&desired.spec).map_err(|e| StoreError::Rejected {
-            operation: "upsert_desired",
-            detail: format!("spec is not serialisable: {e}"),
-        })?;
-        // Compare as stored: the spec goes through a JSON string.
-        let spec: serde_json::Value = serde_json::from_str(&spec_text).unwrap_or_default();
         // Whether a write of ours may have landed unanswered: a retry whose
         // condition then failed, and a re-read that finds the item as wanted,
         // is that write, and its owner must still be told.
@@ -146,7 +134,7 @@ impl LeaseStore {
                 if let Some(refusal) = refusal(c, desired) {
                     return Ok(UpsertOutcome::Refused { reason: refusal });
                 }
-                if matches(c, desired, &spec) {
+                if matches(c, desired) {
                     if !wrote {
                         return Ok(UpsertOutcome::Unchanged);
                     }
@@ -162,7 +150,7 @@ impl LeaseStore {
             let mut g = guarded_on(current.as_ref());
             g.set("desired_state", ":d", s(desired.desired_state.as_str()));
             g.set("ws_url", ":u", s(&desired.ws_url));
-            g.set("spec", ":spec", s(&spec_text));
+            g.set("spec", ":spec", s(&desired.spec));
             g.set("#gen", ":g", n(desired.generation));
             g.set_clause("#exp = if_not_exists(#exp, :zero)");
             g.value(":zero", n(0));
@@ -306,9 +294,14 @@ impl LeaseStore {
             return Ok(DeleteOutcome::NotFound);
         };
         if current.desired_state != DesiredState::Stopped {
+            // The stored text, with its desired state Stopped too (printed
+            // back sorted, as the spec codec stores it).
             let mut spec = current.spec.clone().unwrap_or_default();
-            if let Some(obj) = spec.as_object_mut() {
+            if let Ok(mut value) = serde_json::from_str::<serde_json::Value>(&spec)
+                && let Some(obj) = value.as_object_mut()
+            {
                 obj.insert("desiredState".into(), serde_json::json!("Stopped"));
+                spec = value.to_string();
             }
             let stopped = DesiredStream {
                 key: key.clone(),

@@ -54,8 +54,9 @@ pub struct StreamRecord {
     pub key: StreamKey,
     pub desired_state: DesiredState,
     pub ws_url: String,
-    /// The rest of the spec as JSON (sink, sequence pointer, keepalive, header refs).
-    pub spec: Option<serde_json::Value>,
+    /// The spec as stored: JSON text the store keeps opaque (its one codec
+    /// is `crd::stored`); "changed" means the texts differ.
+    pub spec: Option<String>,
     pub generation: i64,
     /// UID of the Kubernetes resource mirrored here (absent in standalone mode).
     pub uid: Option<String>,
@@ -294,7 +295,8 @@ pub struct DesiredStream {
     pub key: StreamKey,
     pub desired_state: DesiredState,
     pub ws_url: String,
-    pub spec: serde_json::Value,
+    /// Encoded by `crd::stored::encode`.
+    pub spec: String,
     pub generation: i64,
     /// The Kubernetes resource's UID and creation time (ms); `None` standalone.
     pub resource: Option<ResourceIdentity>,

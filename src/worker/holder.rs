@@ -8,7 +8,7 @@ use super::WorkerCtx;
 use super::registry::HeldStream;
 use super::session::{SessionConfig, SessionControl, SessionDeps, SessionEnd};
 use super::settings::{DRAIN_STOP_SHARE, STATUS_MIN_INTERVAL};
-use crate::crd::StreamConnectionSpec;
+use crate::crd::{StreamConnectionSpec, stored};
 use crate::lease::{
     DesiredState, OwnerWrite, Ownership, Phase, ReleaseReason, SessionStatus, StreamRecord,
 };
@@ -57,46 +57,10 @@ impl Drop for Running {
 fn parsed(
     mut record: StreamRecord,
 ) -> (StreamRecord, Result<Arc<StreamConnectionSpec>, String>, u64) {
-    let spec = spec_of(&record).map(Arc::new);
-    let spec_digest = digest(&record.spec);
+    let spec = stored::decode(record.spec.as_deref(), &record.ws_url).map(Arc::new);
+    let spec_digest = stored::fingerprint(record.spec.as_deref());
     record.spec = None;
     (record, spec, spec_digest)
-}
-
-/// A digest of a stored spec, to notice that it changed.
-fn digest(spec: &Option<serde_json::Value>) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    // `Value` maps are ordered, so equal specs print equally.
-    serde_json::to_string(spec)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    hasher.finish()
-}
-
-/// Parses the spec stored in the table. Items written by the seed carried only
-/// `ws_url`: they get a log sink and defaults.
-pub fn spec_of(record: &StreamRecord) -> Result<StreamConnectionSpec, String> {
-    let mut value = record
-        .spec
-        .clone()
-        .unwrap_or_else(|| serde_json::json!({"sink": {"log": {}}}));
-    if let Some(obj) = value.as_object_mut() {
-        obj.insert(
-            "url".into(),
-            serde_json::Value::String(record.ws_url.clone()),
-        );
-    }
-    let spec: StreamConnectionSpec =
-        serde_json::from_value(value).map_err(|e| format!("stored spec is invalid: {e}"))?;
-    spec.validate().map_err(|errors| {
-        errors
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; ")
-    })?;
-    Ok(spec)
 }
 
 pub struct Holder {
@@ -331,7 +295,7 @@ impl Holder {
         }
         if current.generation != self.record.generation
             || current.ws_url != self.record.ws_url
-            || digest(&current.spec) != self.spec_digest
+            || stored::fingerprint(current.spec.as_deref()) != self.spec_digest
         {
             tracing::info!(stream = %key, generation = current.generation, "new spec: restarting the session");
             if let Some(running) = session.take() {
