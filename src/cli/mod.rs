@@ -2,67 +2,24 @@
 //! wiring they share. `main.rs` parses and calls [`run`].
 
 mod apply;
+pub mod demo;
 mod get;
 mod serve;
 mod signal;
+mod store;
 mod table;
 
-pub use apply::apply as apply_manifests;
-pub use get::table_text;
 pub use signal::shutdown_signal;
+use store::open_store;
 
-use crate::config::{Cli, Command, DemoArgs, DemoPart, StoreArgs, TableCommand};
-use crate::embedded::EmbeddedStore;
-use crate::lease::{Caller, LeaseStore, RetryPolicy, StoreConfig};
-use crate::metrics::{Metrics, StoreMetrics};
-use std::net::{Ipv4Addr, SocketAddr};
+use crate::config::{Cli, Command, DemoArgs, DemoPart, TableCommand};
+use crate::lease::Caller;
+use crate::metrics::Metrics;
 use std::sync::Arc;
-
-/// An open store, plus the embedded server behind it when one was asked for
-/// (kept alive for as long as the store is used).
-pub struct OpenStore {
-    pub store: LeaseStore,
-    pub embedded: Option<EmbeddedStore>,
-}
-
-/// Connects to the table the flags describe. With `--embedded-store` the
-/// embedded store is started in-process and its table created; otherwise the
-/// standard AWS configuration decides, and nothing is ever started silently.
-pub async fn open_store(
-    args: &StoreArgs,
-    caller: Caller,
-    metrics: Arc<StoreMetrics>,
-) -> anyhow::Result<OpenStore> {
-    let embedded = match &args.embedded_store {
-        Some(path) => Some(
-            EmbeddedStore::start(
-                Some(path.as_path()),
-                SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-            )
-            .await?,
-        ),
-        None => None,
-    };
-    let mut cfg = match &embedded {
-        Some(server) => StoreConfig::local(&args.table, server.endpoint()),
-        None => StoreConfig::new(&args.table),
-    };
-    cfg.retry = RetryPolicy {
-        deadline: args.store_call_deadline,
-        ..RetryPolicy::default()
-    };
-    cfg.caller = Some(caller);
-    let store = LeaseStore::connect(cfg, metrics).await?;
-    // The embedded store starts empty; give it its table so local use needs no step.
-    if embedded.is_some() {
-        store.create_table().await?;
-    }
-    Ok(OpenStore { store, embedded })
-}
 
 /// Runs one subcommand to completion.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    crate::install_crypto_provider();
+    crate::support::install_crypto_provider();
     let metrics = Arc::new(Metrics::new());
     let caller = caller_of(&cli.command);
     let open = || open_store(&cli.store, caller, metrics.store.clone());
@@ -124,10 +81,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             part: Some(DemoPart::Feed { listen, rate }),
             ..
         }) => serve::demo_feed(listen, rate).await,
-        Command::Demo(args) => crate::demo::run(args).await,
+        Command::Demo(args) => demo::run(args).await,
         Command::Worker(args) => {
             let open = open().await?;
-            let secrets = crate::worker::secrets::SecretSource::Standalone;
+            let secrets = crate::secrets::SecretSource::Standalone;
             serve::worker(open, metrics, args, secrets, None, shutdown_signal()).await
         }
         Command::Operator(args) => serve::operator(&cli.store, metrics, args).await,

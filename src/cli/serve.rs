@@ -1,15 +1,17 @@
 //! The long-running subcommands: `worker`, `operator`, `local-store`.
 
-use super::{OpenStore, open_store, shutdown_signal};
+use super::demo::feed::{Feed, FeedOptions};
+use super::signal::shutdown_signal;
+use super::store::{OpenStore, open_store};
 use crate::config::{OperatorArgs, StoreArgs, WorkerArgs};
-use crate::demo::feed::{Feed, FeedOptions};
+use crate::egress::HostPolicy;
 use crate::embedded::EmbeddedStore;
 use crate::http::Health;
 use crate::lease::Caller;
 use crate::metrics::Metrics;
-use crate::worker::restart::PodLookup;
-use crate::worker::secrets::SecretSource;
-use crate::worker::{WorkerCtx, WorkerSettings, policy::HostPolicy};
+use crate::secrets::SecretSource;
+use crate::worker::PodLookup;
+use crate::worker::{WorkerCtx, WorkerSettings};
 use anyhow::{Context, bail};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -129,7 +131,7 @@ pub async fn operator(
         "{}-{:08x}",
         args.worker_id
             .clone()
-            .unwrap_or_else(crate::worker::settings::default_worker_id),
+            .unwrap_or_else(crate::worker::default_worker_id),
         rand::random::<u32>()
     );
     let shutdown = tokio_util::sync::CancellationToken::new();

@@ -24,6 +24,7 @@ use crate::lease::{
     UpsertRefusal,
 };
 use crate::metrics::ControllerMetrics;
+use crate::support::lock;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -109,10 +110,6 @@ impl Context {
             failures: Mutex::default(),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn object_key(obj: &StreamConnection) -> String {
@@ -499,8 +496,7 @@ pub fn error_policy(obj: Arc<StreamConnection>, error: &Error, ctx: Arc<Context>
         *n = n.saturating_add(1);
         *n
     };
-    let wait =
-        crate::lease::retry::exponential(ERROR_BACKOFF_FIRST, ERROR_BACKOFF_MAX, attempt - 1);
+    let wait = crate::support::exponential(ERROR_BACKOFF_FIRST, ERROR_BACKOFF_MAX, attempt - 1);
     tracing::warn!(object = %key, error = %error, category = error.category(), retry_in = ?wait, "reconcile failed");
     Action::requeue(wait)
 }

@@ -5,8 +5,8 @@
 use super::clock::{ClockGauge, ClockInterceptor};
 use super::codec::Malformed;
 use super::error::StoreError;
-use super::retry::RetryPolicy;
 use crate::metrics::StoreMetrics;
+use crate::support::{RetryPolicy, aws_http_client};
 use aws_config::BehaviorVersion;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
@@ -135,17 +135,6 @@ enum Class {
     Condition,
     Transient(StoreError),
     Fatal(StoreError),
-}
-
-/// The HTTP client every AWS SDK client of tether uses: rustls with ring (no
-/// aws-lc, no OpenSSL), with the ring provider installed process-wide.
-pub fn aws_http_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient {
-    crate::install_crypto_provider();
-    aws_smithy_http_client::Builder::new()
-        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-        ))
-        .build_https()
 }
 
 /// DynamoDB's own table-name rule, checked before any request is sent.

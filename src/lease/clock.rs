@@ -10,6 +10,7 @@
 //! provably off by more than `--max-clock-skew` refuses to acquire and says so
 //! (`/readyz`, `tether_clock_skew_exceeded`, a log line).
 
+use crate::support::lock;
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::Intercept;
 use aws_smithy_runtime_api::client::interceptors::context::{
@@ -68,7 +69,7 @@ pub struct ClockGauge {
 
 impl ClockGauge {
     pub fn record(&self, sample: OffsetBounds) {
-        let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        let mut samples = lock(&self.samples);
         samples.push(sample);
         if samples.len() > SAMPLES {
             samples.remove(0);
@@ -78,7 +79,7 @@ impl ClockGauge {
     /// The intersection of recent samples; the newest alone when they disagree
     /// (the clock was stepped). `None` before the first response.
     pub fn bounds(&self) -> Option<OffsetBounds> {
-        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        let samples = lock(&self.samples);
         let last = *samples.last()?;
         let low = samples.iter().map(|s| s.low).max()?;
         let high = samples.iter().map(|s| s.high).min()?;

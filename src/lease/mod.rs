@@ -26,7 +26,6 @@ mod owner;
 mod pages;
 mod reads;
 mod record;
-pub mod retry;
 mod roster;
 mod status;
 mod update;
@@ -34,8 +33,7 @@ mod view;
 
 pub use admin::{HOLDER_INDEX, LEGACY_INDEX, TableChange, TableLayout};
 pub use client::{
-    Caller, LOCAL_CREDENTIALS, LeaseStore, StoreConfig, aws_http_client, root_cause,
-    validate_table_name,
+    Caller, LOCAL_CREDENTIALS, LeaseStore, StoreConfig, root_cause, validate_table_name,
 };
 pub use clock::{ClockGauge, OffsetBounds, now_ms};
 pub use control::{DeleteOutcome, TombstoneOutcome};
@@ -51,6 +49,5 @@ pub use record::{
     InboxEntry, Lease, OWNED_EXPIRY_MS, OwnerWrite, Ownership, PodIdentity, ResourceIdentity,
     StreamRecord, UpsertOutcome, UpsertRefusal, WorkerRecord, WorkerState,
 };
-pub use retry::RetryPolicy;
 pub use status::{Phase, ReleaseReason, SessionStatus};
 pub use view::{OwnerView, StreamView};

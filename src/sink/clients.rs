@@ -3,7 +3,7 @@
 //! set of credential references. Sessions come and go by the thousand in a
 //! failover; their sinks must not each open a connection of their own.
 
-use crate::worker::secrets::SecretSource;
+use crate::secrets::SecretSource;
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::sync::Mutex;
@@ -53,7 +53,7 @@ impl SinkClients {
         if let Some(client) = clients.get(&key) {
             return client.clone();
         }
-        let http = crate::lease::aws_http_client();
+        let http = crate::support::aws_http_client();
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
             .http_client(http)
             // The delivery loop retries with its own backoff, pausing reads.

@@ -121,7 +121,7 @@ fn spans_only() -> EnvFilter {
 }
 
 fn provider(config: &ExportConfig) -> Result<SdkTracerProvider, String> {
-    crate::install_crypto_provider();
+    crate::support::install_crypto_provider();
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_protocol(config.protocol)

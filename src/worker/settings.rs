@@ -63,7 +63,7 @@ pub struct WorkerSettings {
     pub connect_rate: f64,
     pub connect_burst: u32,
     /// Which Kinesis data streams each namespace may write to.
-    pub kinesis_streams: super::kinesis_scope::KinesisStreams,
+    pub kinesis_streams: super::stream::KinesisStreams,
 }
 
 impl WorkerSettings {
@@ -120,7 +120,7 @@ impl WorkerSettings {
             ca_file: ca_file.clone(),
             connect_rate: *connect_rate,
             connect_burst: *connect_burst,
-            kinesis_streams: super::kinesis_scope::KinesisStreams::new(kinesis_streams.clone()),
+            kinesis_streams: super::stream::KinesisStreams::new(kinesis_streams.clone()),
         })
     }
 }

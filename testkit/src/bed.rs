@@ -263,7 +263,7 @@ impl Bed {
         since: Instant,
         limit: Duration,
     ) -> anyhow::Result<Vec<f64>> {
-        tether::demo::new_session_latencies(&self.upstream, names, since, limit).await
+        tether::cli::demo::new_session_latencies(&self.upstream, names, since, limit).await
     }
 
     /// Asserts the safety properties over `names`: no overlapping sessions, no

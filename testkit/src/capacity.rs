@@ -32,6 +32,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tether::support::lock;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -104,10 +105,6 @@ struct ModelState {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     usage: Mutex<Usage>,
     history: Mutex<Vec<HistoryEntry>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The running model; stops when dropped.

@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
-use tether::demo::workers::LocalWorkers;
+use tether::cli::demo::workers::LocalWorkers;
 use tokio::process::Child;
 
 /// Settings shared by the workers of one fleet.
@@ -113,7 +113,7 @@ impl WorkerProcess {
 
     /// Sends a signal (SIGKILL, SIGTERM, SIGSTOP, SIGCONT, ...).
     pub fn signal(&self, signal: Signal) -> std::io::Result<()> {
-        tether::demo::workers::signal(&self.child, signal)
+        tether::cli::demo::workers::signal(&self.child, signal)
     }
 
     /// Waits for the process to exit, at most `limit`.

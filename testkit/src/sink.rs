@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-pub use tether::demo::sink::{StreamLog, VerifyingSink};
+pub use tether::cli::demo::sink::{StreamLog, VerifyingSink};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

@@ -96,7 +96,7 @@ impl Kinesalite {
                 None,
                 "test",
             ))
-            .http_client(tether::lease::aws_http_client())
+            .http_client(tether::support::aws_http_client())
             .build();
         let client = aws_sdk_kinesis::Client::from_conf(config);
         client

@@ -10,8 +10,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tether::embedded::EmbeddedStore;
-use tether::lease::{LeaseStore, RetryPolicy, StoreConfig};
+use tether::lease::{LeaseStore, StoreConfig};
 use tether::metrics::StoreMetrics;
+use tether::support::RetryPolicy;
 
 static EMBEDDED: OnceLock<String> = OnceLock::new();
 
@@ -96,7 +97,7 @@ pub async fn raw_client() -> aws_sdk_dynamodb::Client {
         .credentials_provider(aws_credential_types::Credentials::new(
             id, secret, None, None, "test",
         ))
-        .http_client(tether::lease::aws_http_client())
+        .http_client(tether::support::aws_http_client())
         .build();
     aws_sdk_dynamodb::Client::from_conf(conf)
 }

@@ -5,8 +5,9 @@ use futures::SinkExt;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use tether::demo::feed::Feed;
-pub use tether::demo::feed::{FeedOptions, SessionRecord};
+use tether::cli::demo::feed::Feed;
+pub use tether::cli::demo::feed::{FeedOptions, SessionRecord};
+use tether::support::lock;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
@@ -137,10 +138,6 @@ impl Drop for FaultyUpstream {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl FaultyUpstream {

@@ -1,11 +1,11 @@
 //! Departed (DEAD or LEFT) incarnations: whose streams still need taking,
 //! who looks again for late arrivals, and when an incarnation is forgotten.
 
+use super::overdue::successors;
 use super::{Acquirer, Candidate};
 use crate::lease::{
     AcquireFrom, DesiredState, FleetEntry, Incarnation, Ownership, StoreError, WorkerState,
 };
-use crate::worker::observer::successors;
 use tokio::time::Instant;
 
 /// After a departed (DEAD or LEFT) incarnation's partitions were found empty,

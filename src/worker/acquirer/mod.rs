@@ -10,24 +10,26 @@
 //! [`UNOWNED_SCAN_PERIOD`] passed.
 
 mod departed;
+mod fair_share;
+mod overdue;
 mod pacing;
 mod peers;
 
-use super::WorkerCtx;
-use super::fence::Fence;
-use super::fleet::{AcquirePolicy, FleetView, Orphan, classify_free, handoff_count};
-use super::observer::Observer;
-use super::progress::StreamProgress;
-use super::registry::{HeldStream, HolderSignals, Registry};
-use super::settings::{
-    AUDIT_HEARTBEATS, CONTROL_SWEEP_AUDITS, HANDOFF_COOLDOWN_HEARTBEATS, REBALANCE_GRACE_INTERVALS,
-    SHARE_GRACE_INTERVALS, UNOWNED_SCAN_PERIOD,
-};
 use crate::lease::{
     AcquireFrom, AcquireOutcome, Checkpoints, DesiredState, FleetEntry, HOLDER_SHARDS, Incarnation,
     Lease, Ownership, StoreError, StreamKey, StreamRecord, WorkerState, now_ms,
 };
+use crate::worker::fence::Fence;
+use crate::worker::settings::{
+    AUDIT_HEARTBEATS, CONTROL_SWEEP_AUDITS, HANDOFF_COOLDOWN_HEARTBEATS, REBALANCE_GRACE_INTERVALS,
+    SHARE_GRACE_INTERVALS, UNOWNED_SCAN_PERIOD,
+};
+use crate::worker::shared::Shared;
+use crate::worker::stream::StreamProgress;
+use crate::worker::stream::{HeldStream, HolderSignals, Registry};
+use fair_share::{AcquirePolicy, FleetView, Orphan, classify_free, handoff_count};
 use futures::StreamExt;
+use overdue::Observer;
 use rand::seq::SliceRandom;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -62,7 +64,7 @@ struct Candidate {
 }
 
 pub struct Acquirer {
-    ctx: Arc<WorkerCtx>,
+    ctx: Arc<Shared>,
     me: Incarnation,
     registry: Arc<Registry>,
     out: mpsc::UnboundedSender<Acquired>,
@@ -96,7 +98,7 @@ pub struct Acquirer {
 
 impl Acquirer {
     pub fn new(
-        ctx: Arc<WorkerCtx>,
+        ctx: Arc<Shared>,
         me: Incarnation,
         registry: Arc<Registry>,
         out: mpsc::UnboundedSender<Acquired>,

@@ -3,9 +3,9 @@
 //! overdue peer dead.
 
 use super::Acquirer;
+use super::fair_share::{FleetView, Peer};
+use super::overdue::successors;
 use crate::lease::{FleetEntry, Incarnation, StoreError, WorkerState};
-use crate::worker::fleet::{FleetView, Peer};
-use crate::worker::observer::successors;
 use crate::worker::settings::PEER_SILENCE_HEARTBEATS;
 use tokio::time::Instant;
 

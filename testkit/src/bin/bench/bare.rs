@@ -10,7 +10,7 @@
 use futures::StreamExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use tether::worker::transport::{READ_BUFFER_BYTES, tls_config};
+use tether::worker::{READ_BUFFER_BYTES, tls_config};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;

@@ -8,7 +8,7 @@ use crate::{Ctx, round2, stats, stop_all};
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use std::time::Duration;
-use tether::demo::quantile;
+use tether::support::quantile;
 use tether_testkit::bed::Bed;
 use tokio::time::Instant;
 

@@ -26,7 +26,7 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::Duration;
-use tether::demo::quantile;
+use tether::support::quantile;
 use tether_testkit::fleet::WorkerProcess;
 use tokio::time::Instant;
 

@@ -98,7 +98,8 @@ async fn one(ctx: &Ctx, record_restart: bool) -> anyhow::Result<Value> {
     let t0 = Instant::now();
     let mut second = start("second.log")?;
     let latencies =
-        tether::demo::new_session_latencies(&upstream, &names, t0, ctx.profile.lease * 4).await?;
+        tether::cli::demo::new_session_latencies(&upstream, &names, t0, ctx.profile.lease * 4)
+            .await?;
     second.start_kill()?;
     let _ = second.wait().await;
     let _ = std::fs::remove_dir_all(&dir);

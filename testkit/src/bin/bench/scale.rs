@@ -17,13 +17,13 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
+use tether::egress::HostPolicy;
 use tether::http::Health;
 use tether::lease::{LeaseStore, StoreConfig, StreamKey};
 use tether::metrics::{StoreMetrics, WorkerMetrics};
-use tether::worker::policy::HostPolicy;
-use tether::worker::progress::StreamProgress;
-use tether::worker::secrets::SecretSource;
-use tether::worker::session::{SessionConfig, SessionControl, SessionDeps, SessionEnd, Sessions};
+use tether::secrets::SecretSource;
+use tether::worker::StreamProgress;
+use tether::worker::{SessionConfig, SessionControl, SessionDeps, SessionEnd, Sessions};
 use tether::worker::{WorkerCtx, WorkerSettings};
 use tether_testkit::bed::{BedOptions, loopback};
 use tether_testkit::capacity::{CapacityModel, double_owners};
@@ -117,7 +117,7 @@ async fn tether_run(ctx: &Ctx) -> anyhow::Result<Value> {
             // Sessions are no-ops here: nothing to pace.
             connect_rate: 0.0,
             connect_burst: 1,
-            kinesis_streams: tether::worker::kinesis_scope::KinesisStreams::new(["*"]),
+            kinesis_streams: tether::worker::KinesisStreams::new(["*"]),
         };
         let metrics = Arc::new(WorkerMetrics::default());
         let health = Arc::new(Health::new(

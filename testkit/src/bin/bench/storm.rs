@@ -197,7 +197,7 @@ async fn bare(ctx: &Ctx, n: usize) -> anyhow::Result<Value> {
             let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?.to_owned();
             let tls = connector.connect(name, tcp).await?;
             let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
-                .read_buffer_size(tether::worker::transport::READ_BUFFER_BYTES);
+                .read_buffer_size(tether::worker::READ_BUFFER_BYTES);
             let (ws, _) =
                 tokio_tungstenite::client_async_with_config(url, tls, Some(config)).await?;
             anyhow::Ok((started.elapsed().as_secs_f64(), ws))

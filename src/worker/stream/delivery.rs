@@ -6,11 +6,11 @@
 //! stays on record in the stream's progress until the sink's timeout has
 //! passed, and a voluntary release waits for that.
 
-use super::fence::Fence;
 use super::progress::StreamProgress;
-use crate::lease::RetryPolicy;
 use crate::metrics::WorkerMetrics;
 use crate::sink::{Batch, Message, Sink, SinkError};
+use crate::support::RetryPolicy;
+use crate::worker::fence::Fence;
 use std::time::Duration;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;

@@ -3,10 +3,10 @@
 //! on) and the WebSocket handshake. The socket under a session is plain TCP or
 //! boxed TLS, so a `ws://` session does not carry the size of a TLS connection.
 
-use super::policy::{HostPolicy, PolicyError};
-use super::secrets::SecretSource;
 use crate::crd::StreamConnectionSpec;
+use crate::egress::{HostPolicy, PolicyError};
 use crate::lease::StreamKey;
+use crate::secrets::SecretSource;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -3,6 +3,7 @@
 //! worker's liveness task (which packs checkpoints into the worker item).
 
 use crate::lease::{Phase, SessionStatus};
+use crate::support::lock;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::time::Instant;
@@ -55,10 +56,6 @@ impl InFlight<'_> {
     pub fn answered(self) {
         lock(&self.progress.requests).out = None;
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl StreamProgress {

@@ -18,6 +18,7 @@ use crate::config::DemoArgs;
 use crate::embedded::EmbeddedStore;
 use crate::lease::{LeaseStore, Phase, StoreConfig, StreamView, now_ms};
 use crate::metrics::StoreMetrics;
+use crate::support::quantile;
 use anyhow::{Context, bail};
 use feed::{Feed, FeedOptions};
 use nix::sys::signal::Signal;
@@ -88,7 +89,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let manifests = dir.join("streams.yaml");
     std::fs::write(&manifests, manifests_yaml(&feed, &sink, &names))?;
     println!("\n$ tether apply -f {}", manifests.display());
-    crate::cli::apply_manifests(&store, &[manifests], &Default::default()).await?;
+    super::apply::apply(&store, &[manifests], &Default::default()).await?;
 
     let lease = args.lease_duration;
     let fleet = LocalWorkers {
@@ -334,30 +335,5 @@ async fn busiest(store: &LeaseStore, workers: &[DemoWorker]) -> usize {
 
 async fn show(store: &LeaseStore, title: &str) {
     println!("\n$ tether get   # {title}");
-    print!("{}", crate::cli::table_text(&views(store).await, now_ms()));
-}
-
-/// p-quantile (0.0..=1.0) by nearest rank.
-pub fn quantile(values: &[f64], q: f64) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    v[rank - 1]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nearest_rank_quantiles() {
-        let v: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(quantile(&v, 0.5), 50.0);
-        assert_eq!(quantile(&v, 0.99), 99.0);
-        assert_eq!(quantile(&v, 1.0), 100.0);
-        assert_eq!(quantile(&[3.0], 0.99), 3.0);
-    }
+    print!("{}", super::get::table_text(&views(store).await, now_ms()));
 }

@@ -8,6 +8,7 @@
 //! reserves its slot up front, so concurrent sessions queue in order and the
 //! limit holds over every window; the wait is an ordinary cancellable sleep.
 
+use crate::support::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -40,7 +41,7 @@ impl ConnectLimiter {
     pub fn reserve(&self, host: &str) -> Option<Instant> {
         let interval = self.interval?;
         let now = Instant::now();
-        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = lock(&self.next);
         let tat = next.entry(host.to_string()).or_insert(now);
         let scheduled = (*tat).max(now);
         let at = scheduled

@@ -9,9 +9,9 @@
 //! small (the worker item is also what peers read) and one shard is written
 //! per heartbeat however many entries changed in it.
 
-use super::registry::HeldStream;
 use crate::lease::codec::checkpoint_size;
 use crate::lease::{Checkpoint, StreamKey};
+use crate::worker::stream::HeldStream;
 use std::collections::HashMap;
 
 /// Bytes of entries in the worker item: it stays under 4 KB, one read unit
@@ -136,7 +136,7 @@ impl Packer {
 mod tests {
     use super::*;
     use crate::lease::{Incarnation, Lease};
-    use crate::worker::progress::StreamProgress;
+    use crate::worker::stream::StreamProgress;
     use std::sync::Arc;
 
     fn held(name: &str, acked: Option<u64>, persisted: Option<u64>) -> HeldStream {

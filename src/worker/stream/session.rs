@@ -7,16 +7,17 @@
 //! backpressure the stream contract asks for.
 
 use super::delivery::{Delivery, Undelivered};
-use super::fence::Fence;
 use super::kinesis_scope::KinesisStreams;
-use super::policy::HostPolicy;
 use super::progress::StreamProgress;
 use super::sequence::{SequencePointer, next_counter, sequence_of};
 use super::transport::{CONNECT_TIMEOUT, ConnectError, Dialer, Ws, resume_url};
 use crate::crd::StreamConnectionSpec;
-use crate::lease::{Phase, RetryPolicy, StreamKey, now_ms};
+use crate::egress::HostPolicy;
+use crate::lease::{Phase, StreamKey, now_ms};
 use crate::metrics::WorkerMetrics;
 use crate::sink::{Message, Sink, SinkClients};
+use crate::support::RetryPolicy;
+use crate::worker::fence::Fence;
 use base64::Engine;
 use futures::{FutureExt, SinkExt, StreamExt};
 use std::sync::Arc;
@@ -565,8 +566,8 @@ async fn close(ws: &mut Ws, code: CloseCode) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::worker::connect_limit::ConnectLimiter;
-    use crate::worker::secrets::SecretSource;
+    use crate::secrets::SecretSource;
+    use crate::worker::stream::ConnectLimiter;
     use tokio::sync::Semaphore;
 
     fn deps() -> Arc<SessionDeps> {
@@ -575,7 +576,7 @@ mod tests {
         Arc::new(SessionDeps {
             dialer: Dialer {
                 policy: policy.clone(),
-                tls: crate::worker::transport::tls_config(None).unwrap(),
+                tls: crate::worker::stream::tls_config(None).unwrap(),
                 secrets: SecretSource::Standalone,
                 connect_limit: ConnectLimiter::new(0.0, 0),
             },

@@ -4,6 +4,7 @@
 //! fencing-aware sink: refusing stale tokens with the contract's fenced signal.
 
 use crate::sink::FENCED_HEADER;
+use crate::support::lock;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -77,10 +78,6 @@ struct SinkState {
     reject_stale: AtomicBool,
     requests: AtomicU64,
     messages: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A running verifying sink; stops when dropped.

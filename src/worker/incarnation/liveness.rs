@@ -13,12 +13,12 @@
 //! renewal that counts it can only be read as missing or older meanwhile,
 //! which costs a takeover replayed messages, never a lost one.
 
-use super::WorkerCtx;
 use super::checkpoints::{Packer, Shard};
-use super::fence::{Fence, Sent};
-use super::registry::{HeldStream, Registry};
-use super::settings::RENEW_RETRY;
 use crate::lease::{Incarnation, LeaseStore, OwnerWrite, RenewOutcome, Renewal};
+use crate::worker::fence::{Fence, Sent};
+use crate::worker::settings::RENEW_RETRY;
+use crate::worker::shared::Shared;
+use crate::worker::stream::{HeldStream, Registry};
 use futures::FutureExt;
 use std::sync::Arc;
 use tokio::time::{Instant, sleep_until};
@@ -41,7 +41,7 @@ enum Beat {
 }
 
 pub struct Liveness {
-    pub ctx: Arc<WorkerCtx>,
+    pub ctx: Arc<Shared>,
     pub me: Incarnation,
     pub fence: Arc<Fence>,
     pub registry: Arc<Registry>,
@@ -99,7 +99,7 @@ impl Chores {
 
 impl Liveness {
     pub fn new(
-        ctx: Arc<WorkerCtx>,
+        ctx: Arc<Shared>,
         me: Incarnation,
         fence: Arc<Fence>,
         registry: Arc<Registry>,

@@ -4,6 +4,7 @@
 
 use super::progress::StreamProgress;
 use crate::lease::{Lease, StreamKey};
+use crate::support::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,7 +48,7 @@ pub struct Registry {
 
 impl Registry {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<StreamKey, HeldStream>> {
-        self.streams.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.streams)
     }
 
     pub fn insert(&self, held: HeldStream) {
@@ -68,10 +69,6 @@ impl Registry {
 
     pub fn len(&self) -> usize {
         self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
     }
 
     /// Streams held and not being handed over: the load fair share counts.

@@ -4,14 +4,14 @@
 //! on handoff, STOPPED or shutdown. The session is a child task that never
 //! outlives its holder (it is aborted when the holder's handle drops).
 
-use super::WorkerCtx;
 use super::registry::HeldStream;
-use super::session::{SessionConfig, SessionControl, SessionDeps, SessionEnd};
-use super::settings::{DRAIN_STOP_SHARE, STATUS_MIN_INTERVAL};
+use super::session::{SessionConfig, SessionControl, SessionDeps, SessionEnd, Sessions};
 use crate::crd::{StreamConnectionSpec, stored};
 use crate::lease::{
     DesiredState, OwnerWrite, Ownership, Phase, ReleaseReason, SessionStatus, StreamRecord,
 };
+use crate::worker::settings::{DRAIN_STOP_SHARE, STATUS_MIN_INTERVAL};
+use crate::worker::shared::Shared;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -64,7 +64,10 @@ fn parsed(
 }
 
 pub struct Holder {
-    ctx: Arc<WorkerCtx>,
+    ctx: Arc<Shared>,
+    /// What a session runs (WebSocket sessions; the bench's own in-memory
+    /// ones), and what it is given.
+    sessions: Arc<dyn Sessions>,
     deps: Arc<SessionDeps>,
     held: HeldStream,
     /// The stream item, without its spec JSON: the spec is kept parsed
@@ -83,7 +86,8 @@ pub struct Holder {
 
 impl Holder {
     pub fn new(
-        ctx: Arc<WorkerCtx>,
+        ctx: Arc<Shared>,
+        sessions: Arc<dyn Sessions>,
         deps: Arc<SessionDeps>,
         held: HeldStream,
         record: StreamRecord,
@@ -91,6 +95,7 @@ impl Holder {
         let (record, spec, spec_digest) = parsed(record);
         Self {
             ctx,
+            sessions,
             deps,
             held,
             record,
@@ -210,7 +215,7 @@ impl Holder {
             turn,
         };
         let ctl = SessionControl::default();
-        let handle = self.ctx.sessions.start(
+        let handle = self.sessions.start(
             cfg,
             self.held.progress.clone(),
             self.deps.clone(),

@@ -5,6 +5,7 @@
 //! session's open and close instants, so overlapping sessions can be counted.
 //! The test kit serves it over TLS and adds misbehaving feeds of its own.
 
+use crate::support::lock;
 use futures::{SinkExt, StreamExt};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -80,10 +81,6 @@ struct State {
     /// Per open plain-TCP session (by id), a duplicate of its socket, so a
     /// successor can tell whether the client already hung up.
     probes: Mutex<HashMap<u64, std::os::fd::OwnedFd>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A running feed; stops when dropped.
