@@ -12,13 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The metric's name in CloudWatch.
-pub const METRIC: &str = "ActiveConnections";
+pub(crate) const METRIC: &str = "ActiveConnections";
 /// The dimension every worker of one table shares: CloudWatch then averages
 /// over the workers, which is what target tracking wants.
-pub const DIMENSION: &str = "Table";
+pub(crate) const DIMENSION: &str = "Table";
 
 /// One EMF document (a single line).
-pub fn line(namespace: &str, table: &str, worker: &str, active: i64, now_ms: u64) -> String {
+pub(crate) fn line(namespace: &str, table: &str, worker: &str, active: i64, now_ms: u64) -> String {
     json!({
         "_aws": {
             "Timestamp": now_ms,
@@ -37,7 +37,7 @@ pub fn line(namespace: &str, table: &str, worker: &str, active: i64, now_ms: u64
 }
 
 /// Writes a line every `interval` until the process ends.
-pub async fn run(
+pub(crate) async fn run(
     namespace: String,
     table: String,
     worker: String,

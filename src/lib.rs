@@ -2,6 +2,9 @@
 //! workers, with stream ownership decided by DynamoDB conditional writes and
 //! liveness proven once per worker incarnation.
 #![forbid(unsafe_code)]
+// `pub` means "part of the library's surface": anything only this crate uses
+// is `pub(crate)`, so the compiler shows what each room exports.
+#![warn(unreachable_pub)]
 
 pub mod cli;
 pub mod config;
@@ -9,10 +12,10 @@ pub mod controller;
 pub mod crd;
 pub mod egress;
 pub mod embedded;
-pub mod emf;
+mod emf;
 pub mod http;
 pub mod lease;
-pub mod manifest;
+mod manifest;
 pub mod metrics;
 mod mirror;
 pub mod process_metrics;

@@ -14,7 +14,7 @@ const DELETE_WAIT: Duration = Duration::from_secs(30);
 /// `tether apply -f`: upsert every valid manifest; report every invalid one.
 /// Fails (after applying the valid ones) when any document was invalid or a
 /// write was refused.
-pub async fn apply(
+pub(super) async fn apply(
     store: &LeaseStore,
     sources: &[PathBuf],
     options: &LoadOptions,
@@ -87,7 +87,7 @@ pub async fn apply(
 /// STOPPED, waits for its owner to release it (so nothing is deleted under a
 /// live session), then deletes it, keeping its fencing token in a tombstone.
 /// Every stream is attempted; fails if any could not be deleted.
-pub async fn delete(
+pub(super) async fn delete(
     store: &LeaseStore,
     names: &[String],
     namespace: Option<&str>,
@@ -151,7 +151,7 @@ pub async fn delete(
 }
 
 /// `name` in `namespace` (default `default`), or `namespace/name` as given.
-pub fn qualified(name: &str, namespace: Option<&str>) -> anyhow::Result<StreamKey> {
+pub(super) fn qualified(name: &str, namespace: Option<&str>) -> anyhow::Result<StreamKey> {
     let full = match (name.contains('/'), namespace) {
         (false, Some(ns)) => format!("{ns}/{name}"),
         _ => name.to_string(),

@@ -11,7 +11,7 @@ use crate::lease::{LeaseStore, StreamView, now_ms};
 use anyhow::bail;
 
 /// What `tether get` lists.
-pub struct Selection<'a> {
+pub(super) struct Selection<'a> {
     pub name: Option<&'a str>,
     pub namespace: Option<&'a str>,
 }
@@ -19,7 +19,7 @@ pub struct Selection<'a> {
 /// How often `--watch` reads the table again.
 const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
 
-pub async fn get(
+pub(super) async fn get(
     store: &LeaseStore,
     selection: Selection<'_>,
     output: OutputFormat,
@@ -146,7 +146,7 @@ fn json_row(v: &StreamView, now: u64) -> serde_json::Value {
 }
 
 /// The human table `tether get` prints.
-pub fn table_text(views: &[StreamView], now: u64) -> String {
+pub(super) fn table_text(views: &[StreamView], now: u64) -> String {
     columns(views, now, false)
 }
 

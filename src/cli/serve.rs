@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// `tether local-store`: serve the embedded store until SIGINT/SIGTERM.
-pub async fn local_store(listen: SocketAddr, data: &Path) -> anyhow::Result<()> {
+pub(super) async fn local_store(listen: SocketAddr, data: &Path) -> anyhow::Result<()> {
     let mut server = EmbeddedStore::start(Some(data), listen).await?;
     println!(
         "embedded DynamoDB-compatible store listening on {}",
@@ -34,7 +34,7 @@ pub async fn local_store(listen: SocketAddr, data: &Path) -> anyhow::Result<()> 
 }
 
 /// `tether demo feed`: the demo's replaying feed alone, until a signal.
-pub async fn demo_feed(listen: SocketAddr, rate: u32) -> anyhow::Result<()> {
+pub(super) async fn demo_feed(listen: SocketAddr, rate: u32) -> anyhow::Result<()> {
     let feed = Feed::start(
         listen,
         FeedOptions {
@@ -53,7 +53,7 @@ pub async fn demo_feed(listen: SocketAddr, rate: u32) -> anyhow::Result<()> {
 }
 
 /// `tether worker` (and the worker half of `tether operator`).
-pub async fn worker(
+pub(super) async fn worker(
     open: OpenStore,
     metrics: Arc<Metrics>,
     args: WorkerArgs,
@@ -112,7 +112,7 @@ pub async fn worker(
 /// `tether operator`: the controller and a worker in one process, stopped
 /// together by SIGTERM/SIGINT. Exits non-zero if the CRD is missing or the
 /// controller stops on its own.
-pub async fn operator(
+pub(super) async fn operator(
     store_args: &StoreArgs,
     metrics: Arc<Metrics>,
     args: OperatorArgs,

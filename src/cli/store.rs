@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 /// An open store, plus the embedded server behind it when one was asked for
 /// (kept alive for as long as the store is used).
-pub struct OpenStore {
+pub(super) struct OpenStore {
     pub store: LeaseStore,
     /// Never read: held so the server lives as long as the store is used.
     pub _embedded: Option<EmbeddedStore>,
@@ -20,7 +20,7 @@ pub struct OpenStore {
 /// Connects to the table the flags describe. With `--embedded-store` the
 /// embedded store is started in-process and its table created; otherwise the
 /// standard AWS configuration decides, and nothing is ever started silently.
-pub async fn open_store(
+pub(super) async fn open_store(
     args: &StoreArgs,
     caller: Caller,
     metrics: Arc<StoreMetrics>,

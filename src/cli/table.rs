@@ -2,7 +2,7 @@
 
 use crate::lease::{HOLDER_INDEX, LEGACY_INDEX, LeaseStore, TableChange};
 
-pub async fn create(store: &LeaseStore) -> anyhow::Result<()> {
+pub(super) async fn create(store: &LeaseStore) -> anyhow::Result<()> {
     let change = store.create_table().await?;
     let layout = store.describe().await?;
     let what = match change {
@@ -23,7 +23,7 @@ pub async fn create(store: &LeaseStore) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn finish_upgrade(store: &LeaseStore) -> anyhow::Result<()> {
+pub(super) async fn finish_upgrade(store: &LeaseStore) -> anyhow::Result<()> {
     let fixed = store.finish_upgrade().await?;
     println!(
         "table {}: {fixed} free stream(s) indexed; index {LEGACY_INDEX} dropped (version 0.1 workers can no longer use this table)",

@@ -6,7 +6,7 @@
 //! item is stopped and deleted (a tombstone keeps its fencing token; a live
 //! owner is told and releases).
 
-use super::Context;
+use super::reconcile::{Context, Error};
 use crate::crd::StreamConnection;
 use crate::lease::StreamRecord;
 use kube::Api;
@@ -22,7 +22,7 @@ const PASSES_PER_GRACE: u32 = 4;
 const MIN_PASS_INTERVAL: Duration = Duration::from_secs(1);
 const MAX_PASS_INTERVAL: Duration = Duration::from_secs(300);
 
-pub async fn run(
+pub(super) async fn run(
     ctx: Arc<Context>,
     readers: Vec<Store<StreamConnection>>,
     leading: CancellationToken,
@@ -52,8 +52,8 @@ async fn pass(
     ctx: &Context,
     readers: &[Store<StreamConnection>],
     missing: &mut HashMap<String, Instant>,
-) -> Result<(), super::Error> {
-    let present: HashSet<(String, String, String)> = super::run::known(readers)
+) -> Result<(), Error> {
+    let present: HashSet<(String, String, String)> = known(readers)
         .iter()
         .filter_map(|o| {
             Some((
@@ -94,13 +94,13 @@ fn ours(ctx: &Context, record: &StreamRecord) -> bool {
 }
 
 /// Confirms with the API server that no resource of this name and UID exists.
-async fn gone(ctx: &Context, record: &StreamRecord) -> Result<bool, super::Error> {
+async fn gone(ctx: &Context, record: &StreamRecord) -> Result<bool, Error> {
     let api: Api<StreamConnection> = Api::namespaced(ctx.client.clone(), &record.key.namespace);
     let current = super::leader::absent_as_none(api.get(&record.key.name).await)?;
     Ok(current.is_none_or(|o| o.metadata.uid != record.uid))
 }
 
-async fn collect(ctx: &Context, record: &StreamRecord) -> Result<(), super::Error> {
+async fn collect(ctx: &Context, record: &StreamRecord) -> Result<(), Error> {
     let alive = ctx.store.owner_alive(record).await?;
     ctx.store.tombstone(&record.key, alive, true).await?;
     ctx.metrics.items_collected.inc();
@@ -110,4 +110,9 @@ async fn collect(ctx: &Context, record: &StreamRecord) -> Result<(), super::Erro
         "collected: its resource no longer exists (stopped and deleted from the lease table)"
     );
     Ok(())
+}
+
+/// Every resource the watches have seen, by namespace and name.
+fn known(readers: &[Store<StreamConnection>]) -> Vec<Arc<StreamConnection>> {
+    readers.iter().flat_map(|r| r.state()).collect()
 }

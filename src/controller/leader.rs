@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Who competes for which Lease, and how fast.
 #[derive(Clone, Debug)]
-pub struct Election {
+pub(super) struct Election {
     pub namespace: String,
     pub lease_name: String,
     /// This replica's identity (unique per process).
@@ -36,13 +36,13 @@ pub struct Election {
 
 impl Election {
     /// Renewals and standby attempts happen this often.
-    pub fn retry_period(&self) -> Duration {
+    pub(super) fn retry_period(&self) -> Duration {
         self.lease / 3
     }
 
     /// A leader that has not renewed for this long steps down; strictly
     /// shorter than the lease, so it has stopped before a standby may start.
-    pub fn renew_deadline(&self) -> Duration {
+    pub(super) fn renew_deadline(&self) -> Duration {
         self.lease * 2 / 3
     }
 }
@@ -70,7 +70,7 @@ impl Observed {
 
 /// The result of one attempt.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Attempt {
+pub(super) enum Attempt {
     /// This replica holds the Lease (acquired or renewed).
     Leading,
     /// Someone else does (or won the race).
@@ -78,14 +78,14 @@ pub enum Attempt {
 }
 
 /// One replica's side of the election.
-pub struct Elector {
+pub(super) struct Elector {
     api: Api<Lease>,
     election: Election,
     observed: Observed,
 }
 
 impl Elector {
-    pub fn new(client: kube::Client, election: Election) -> Self {
+    pub(super) fn new(client: kube::Client, election: Election) -> Self {
         Self {
             api: Api::namespaced(client, &election.namespace),
             election,
@@ -93,12 +93,12 @@ impl Elector {
         }
     }
 
-    pub fn election(&self) -> &Election {
+    pub(super) fn election(&self) -> &Election {
         &self.election
     }
 
     /// Acquires or renews the Lease once.
-    pub async fn try_acquire_or_renew(&mut self) -> Result<Attempt, kube::Error> {
+    pub(super) async fn try_acquire_or_renew(&mut self) -> Result<Attempt, kube::Error> {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let me = self.election.identity.clone();
         let seconds = self.election.lease.as_secs().max(1) as i32;
@@ -162,7 +162,7 @@ impl Elector {
 
     /// Clears the holder if it is still this replica, so a standby takes
     /// over at its next attempt.
-    pub async fn release(&mut self) {
+    pub(super) async fn release(&mut self) {
         let Ok(Some(lease)) = absent_as_none(self.api.get(&self.election.lease_name).await) else {
             return;
         };
@@ -195,7 +195,7 @@ impl Elector {
     /// Keeps renewing while leading; returns when a renewal has not
     /// succeeded for the renew deadline, the Lease went to someone else, or
     /// `stop` fired.
-    pub async fn hold(&mut self, stop: &CancellationToken) -> LeadershipEnd {
+    pub(super) async fn hold(&mut self, stop: &CancellationToken) -> LeadershipEnd {
         let mut last_renewed = Instant::now();
         loop {
             tokio::select! {
@@ -216,7 +216,7 @@ impl Elector {
     }
 
     /// Waits until this replica leads; `false` if `stop` fired first.
-    pub async fn acquire(&mut self, stop: &CancellationToken) -> bool {
+    pub(super) async fn acquire(&mut self, stop: &CancellationToken) -> bool {
         loop {
             match self.try_acquire_or_renew().await {
                 Ok(Attempt::Leading) => return true,
@@ -233,7 +233,7 @@ impl Elector {
 
 /// Why a replica stopped leading.
 #[derive(Debug, PartialEq, Eq)]
-pub enum LeadershipEnd {
+pub(super) enum LeadershipEnd {
     /// Asked to stop (shutdown).
     Stopped,
     /// Renewals failed past the deadline, or another replica holds the Lease.
@@ -241,7 +241,7 @@ pub enum LeadershipEnd {
 }
 
 /// A 404 as `None`, whatever `reason` the server gives with it.
-pub fn absent_as_none<T>(result: Result<T, kube::Error>) -> Result<Option<T>, kube::Error> {
+pub(super) fn absent_as_none<T>(result: Result<T, kube::Error>) -> Result<Option<T>, kube::Error> {
     match result {
         Ok(v) => Ok(Some(v)),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),

@@ -3,12 +3,13 @@
 //! namespaces, selected by label) and reconcile them, and collect orphaned
 //! items, until leadership ends; then stand by again.
 
+use super::gc;
 use super::leader::{Election, Elector, LeadershipEnd};
-use super::{Context, error_policy, gc, reconcile};
+use super::reconcile::{Context, error_policy, reconcile};
 use crate::crd::StreamConnection;
 use futures::StreamExt;
 use kube::runtime::controller::Controller;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -124,11 +125,6 @@ fn worth_reconciling(obj: &StreamConnection) -> Option<u64> {
         .get(super::settings::SKIP_CLEANUP_ANNOTATION)
         .hash(&mut h);
     Some(h.finish())
-}
-
-/// Every resource the watches have seen, by namespace and name.
-pub fn known(readers: &[Store<StreamConnection>]) -> Vec<Arc<StreamConnection>> {
-    readers.iter().flat_map(|r| r.state()).collect()
 }
 
 #[cfg(test)]

@@ -4,11 +4,11 @@ use crate::config::ControllerArgs;
 use std::time::Duration;
 
 /// Label that assigns a resource to an installation (see `--installation`).
-pub const INSTALLATION_LABEL: &str = "tether.dev/installation";
+pub(super) const INSTALLATION_LABEL: &str = "tether.dev/installation";
 /// Annotation that lets an administrator remove a resource without waiting
 /// for the table (for example while it is unreachable); the item left behind
 /// is collected later by the garbage collector.
-pub const SKIP_CLEANUP_ANNOTATION: &str = "tether.dev/skip-cleanup";
+pub(super) const SKIP_CLEANUP_ANNOTATION: &str = "tether.dev/skip-cleanup";
 
 #[derive(Clone, Debug)]
 pub struct ControllerSettings {

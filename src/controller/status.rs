@@ -6,8 +6,8 @@ use crate::lease::{DesiredState, Phase, StreamView};
 use chrono::{DateTime, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-pub const READY: &str = "Ready";
-pub const OWNED: &str = "Owned";
+pub(super) const READY: &str = "Ready";
+pub(super) const OWNED: &str = "Owned";
 
 fn rfc3339(ms: u64) -> Option<String> {
     DateTime::<Utc>::from_timestamp_millis(ms as i64)
@@ -16,7 +16,7 @@ fn rfc3339(ms: u64) -> Option<String> {
 
 /// What the status should be. `invalid` carries the validation message of a
 /// spec that was not mirrored; `refused` why the table refused the mirror.
-pub fn compute(
+pub(super) fn compute(
     obj: &StreamConnection,
     view: Option<&StreamView>,
     invalid: Option<&str>,
@@ -121,7 +121,12 @@ pub fn compute(
 
 /// Replaces the Ready condition (keeping the others), for states the table
 /// cannot tell (a blocked cleanup).
-pub fn set_ready(status: &mut StreamConnectionStatus, ok: bool, reason: &str, message: &str) {
+pub(super) fn set_ready(
+    status: &mut StreamConnectionStatus,
+    ok: bool,
+    reason: &str,
+    message: &str,
+) {
     let previous = status.clone();
     let ready = condition(
         READY,
@@ -158,7 +163,7 @@ fn condition(
 
 /// Whether `new` differs from `old` in something a user acts on (not just the
 /// ever-moving checkpoint and lease expiry).
-pub fn significant_change(
+pub(super) fn significant_change(
     old: Option<&StreamConnectionStatus>,
     new: &StreamConnectionStatus,
 ) -> bool {

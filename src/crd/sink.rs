@@ -1,7 +1,8 @@
 //! The `spec.sink` part of a `StreamConnection`: exactly one of the sinks, each
 //! with its own settings and the checks the schema cannot express.
 
-use super::{FieldError, HeaderValueSource, err};
+use super::field_error::{FieldError, err};
+use super::value_source::HeaderValueSource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

@@ -6,7 +6,7 @@
 //! `serde_json::Value`, whose maps are ordered), so equal specs are equal
 //! texts whoever wrote them, and the store can keep the text opaque.
 
-use super::StreamConnectionSpec;
+use super::spec::StreamConnectionSpec;
 use std::hash::{Hash, Hasher};
 
 /// The spec as stored: canonical JSON text.

@@ -21,14 +21,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Per-attempt timeout of one DynamoDB request (the retry deadline bounds the call).
-pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most stream-item writes (acquires, status, checkpoint folds, releases) in
 /// flight at once per store. Each one in flight needs an HTTP connection of
 /// its own, and the pool keeps them: a thousand streams connecting at once
 /// (a failover) would otherwise open a thousand connections to DynamoDB and
 /// hold ~28 KiB each for good. Worker-item writes (renewals, death marks)
 /// never wait for this: they keep the fence open.
-pub const MAX_STREAM_WRITES_IN_FLIGHT: usize = 32;
+pub(super) const MAX_STREAM_WRITES_IN_FLIGHT: usize = 32;
 /// Region used for a local endpoint, which ignores it.
 const LOCAL_REGION: &str = "us-east-1";
 /// Credentials a local DynamoDB-compatible server is reached with; it does not

@@ -12,7 +12,7 @@ pub const WORKER_PK_PREFIX: &str = "WORKER#";
 /// Prefix of a worker's extra checkpoint shards.
 pub const CHECKPOINT_PK_PREFIX: &str = "CKPT#";
 /// Partition key of the roster item (every incarnation that may own streams).
-pub const ROSTER_PK: &str = "ROSTER#WORKERS";
+pub(super) const ROSTER_PK: &str = "ROSTER#WORKERS";
 /// `holder` of every worker item: the fleet is one query of this partition.
 pub const FLEET_HOLDER: &str = "WORKERS";
 /// `holder` prefix of STARTED streams nobody owns.

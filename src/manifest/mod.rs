@@ -7,7 +7,7 @@
 
 mod unknown;
 
-pub use unknown::{UnknownField, unknown_fields};
+pub(crate) use unknown::unknown_fields;
 
 use crate::crd::StreamConnectionSpec;
 use crate::lease::StreamKey;
@@ -15,22 +15,19 @@ use serde::Deserialize;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-pub const API_VERSION: &str = "tether.dev/v1alpha1";
-pub const KIND: &str = "StreamConnection";
+pub(crate) const API_VERSION: &str = "tether.dev/v1alpha1";
+pub(crate) const KIND: &str = "StreamConnection";
 
 /// One valid manifest.
 #[derive(Debug, Clone)]
-pub struct Manifest {
-    pub file: PathBuf,
-    /// 1-based index of the document within its file.
-    pub document: usize,
+pub(crate) struct Manifest {
     pub key: StreamKey,
     pub spec: StreamConnectionSpec,
 }
 
 /// One invalid document.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ManifestError {
+pub(crate) struct ManifestError {
     pub file: PathBuf,
     pub document: usize,
     pub field: String,
@@ -66,7 +63,7 @@ pub enum Validation {
 
 /// Where manifests come from and how they are read.
 #[derive(Clone, Debug, Default)]
-pub struct LoadOptions {
+pub(crate) struct LoadOptions {
     /// Descend into subdirectories (`-R`).
     pub recursive: bool,
     pub validation: Validation,
@@ -74,7 +71,7 @@ pub struct LoadOptions {
 
 /// Everything read from the sources.
 #[derive(Debug, Default)]
-pub struct Loaded {
+pub(crate) struct Loaded {
     pub manifests: Vec<Manifest>,
     pub errors: Vec<ManifestError>,
     /// Unknown fields under `--validate=warn`.
@@ -82,7 +79,7 @@ pub struct Loaded {
 }
 
 /// The name standard input goes by in `-f -` and in messages.
-pub const STDIN: &str = "-";
+pub(crate) const STDIN: &str = "-";
 
 #[derive(Deserialize)]
 struct Metadata {
@@ -92,7 +89,7 @@ struct Metadata {
 
 /// Reads every source: `-` is standard input, a directory contributes its
 /// `.yaml`/`.yml`/`.json` files in name order (recursively with `-R`).
-pub fn load(sources: &[PathBuf], options: &LoadOptions) -> Loaded {
+pub(crate) fn load(sources: &[PathBuf], options: &LoadOptions) -> Loaded {
     let mut loaded = Loaded::default();
     let file_error = |file: &Path, message: String| ManifestError {
         file: file.to_path_buf(),
@@ -158,13 +155,14 @@ fn collect(dir: &Path, recursive: bool, files: &mut Vec<PathBuf>) -> std::io::Re
 }
 
 /// Parses the documents of one file, strictly.
-pub fn parse(file: &Path, text: &str) -> (Vec<Manifest>, Vec<ManifestError>) {
+#[cfg(test)]
+pub(crate) fn parse(file: &Path, text: &str) -> (Vec<Manifest>, Vec<ManifestError>) {
     let loaded = parse_with(file, text, Validation::Strict);
     (loaded.manifests, loaded.errors)
 }
 
 /// Parses the documents of one file.
-pub fn parse_with(file: &Path, text: &str, validation: Validation) -> Loaded {
+pub(crate) fn parse_with(file: &Path, text: &str, validation: Validation) -> Loaded {
     let mut manifests = Vec::new();
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
@@ -284,8 +282,6 @@ fn document_to_manifest(
             .collect::<Vec<_>>()
     })?;
     Ok(Manifest {
-        file: file.to_path_buf(),
-        document: index,
         key: StreamKey::new(namespace, name),
         spec,
     })

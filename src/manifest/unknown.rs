@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 /// One field the schema does not know.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnknownField {
+pub(crate) struct UnknownField {
     /// `spec.desiredstate`
     pub path: String,
     /// A declared field that differs only in case (`desiredState`).
@@ -42,7 +42,7 @@ fn schema() -> &'static Value {
 
 /// Every field of `document` (a whole manifest) that the CRD does not declare.
 /// `metadata` is Kubernetes' own and is not checked here.
-pub fn unknown_fields(document: &Value) -> Vec<UnknownField> {
+pub(crate) fn unknown_fields(document: &Value) -> Vec<UnknownField> {
     let mut out = Vec::new();
     let Some(map) = document.as_object() else {
         return out;

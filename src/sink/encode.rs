@@ -8,7 +8,7 @@
 //! record no longer builds a `serde_json::Value` (a map and a copy of the
 //! text) per message.
 
-use super::{Batch, Message};
+use super::batch::{Batch, Message};
 use std::io::Write;
 
 /// `{"connection":…,"worker":…,"token":…,"messages":[{"seq":…,"data":…},…]}`,

@@ -5,7 +5,8 @@
 //! for this stream". A plain 409 (many sinks answer it for a duplicate, normal
 //! after a replay) is an ordinary delivery error and is retried.
 
-use super::{Batch, Batching, SinkError, batch_json};
+use super::batch::{Batch, Batching, SinkError};
+use super::encode::batch_json;
 use crate::crd::HttpSinkSpec;
 
 /// Response header that, with HTTP 409, means "a newer owner exists".

@@ -7,8 +7,9 @@
 //! only them, in their order, after advancing the checkpoint over the
 //! accepted prefix. A whole-call failure refuses every record.
 
+use super::batch::{Batch, Batching, SinkError};
 use super::clients::SinkClients;
-use super::{Batch, Batching, SinkError, record_json};
+use super::encode::record_json;
 use crate::crd::KinesisSinkSpec;
 use aws_sdk_kinesis::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_kinesis::primitives::Blob;

@@ -1,6 +1,7 @@
 //! The log sink: one JSON line per message on standard output.
 
-use super::{Batch, SinkError, record_json};
+use super::batch::{Batch, SinkError};
+use super::encode::record_json;
 use std::io::Write;
 
 pub struct LogSink;

@@ -2,6 +2,7 @@
 //! part of it, or fails it; the checkpoint only ever advances past
 //! acknowledged messages, and every payload carries the fencing token.
 
+mod batch;
 mod clients;
 mod encode;
 mod http;
@@ -9,6 +10,8 @@ mod kinesis;
 mod log;
 mod nats;
 
+use batch::LOG_BATCHING;
+pub use batch::{Batch, Batching, Message, SinkError, Text};
 pub use clients::SinkClients;
 pub use encode::{batch_json, record_json};
 pub use http::{FENCED_HEADER, HttpSink};
@@ -19,95 +22,6 @@ pub use nats::{CONNECTION_HEADER, NatsSink, SEQ_HEADER, TOKEN_HEADER, WORKER_HEA
 use crate::crd::SinkSpec;
 use std::sync::Arc;
 use std::time::Duration;
-use thiserror::Error;
-
-/// One message read from an upstream.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Message {
-    pub seq: u64,
-    /// The text as it arrived, sharing the frame's buffer: nothing is copied
-    /// between the socket and the sink's encoder.
-    pub data: Text,
-}
-
-/// Message text: UTF-8 in shared bytes (tungstenite's own text type).
-pub use tokio_tungstenite::tungstenite::Utf8Bytes as Text;
-
-/// The payload every sink receives. `token` is the lease's fencing token, so a
-/// sink can reject deliveries from an owner that has been superseded. Its
-/// JSON is written by `encode`.
-#[derive(Debug)]
-pub struct Batch<'a> {
-    pub connection: &'a str,
-    pub worker: &'a str,
-    pub token: u64,
-    pub messages: &'a [Message],
-}
-
-#[derive(Debug, Error)]
-pub enum SinkError {
-    #[error("sink answered HTTP {status}")]
-    Status { status: u16 },
-    #[error("sink refused the fencing token (HTTP 409, Tether-Fenced: true): a newer owner exists")]
-    Fenced,
-    #[error("sink unreachable: {0}")]
-    Transport(String),
-    #[error("sink throttled the request: {0}")]
-    Throttled(String),
-    #[error("sink refused the request: {0}")]
-    Refused(String),
-    /// Some messages were accepted and some not: `failed` are the refused
-    /// ones' indices in the batch, ascending. Only those are sent again.
-    #[error("sink refused {} of {total} messages: {detail}", failed.len())]
-    Partial {
-        failed: Vec<usize>,
-        total: usize,
-        detail: String,
-    },
-    #[error("cannot write to standard output: {0}")]
-    Io(#[from] std::io::Error),
-}
-
-impl SinkError {
-    /// A fixed label for metrics.
-    pub fn category(&self) -> &'static str {
-        match self {
-            Self::Status { .. } => "status",
-            Self::Fenced => "fenced",
-            Self::Transport(_) => "transport",
-            Self::Throttled(_) => "throttled",
-            Self::Refused(_) => "refused",
-            Self::Partial { .. } => "partial",
-            Self::Io(_) => "io",
-        }
-    }
-}
-
-/// The log sink writes what it has at once, up to 64 lines.
-const LOG_BATCHING: Batching = Batching {
-    max_batch: 64,
-    linger: Duration::ZERO,
-    timeout: Duration::MAX,
-};
-
-/// How a batching sink groups messages: most per batch, how long a partial
-/// batch waits for more, and the bound on one request.
-#[derive(Clone, Copy, Debug)]
-pub struct Batching {
-    pub max_batch: usize,
-    pub linger: Duration,
-    pub timeout: Duration,
-}
-
-impl Batching {
-    pub fn new(max_batch: u32, linger_ms: u32, timeout_seconds: u32) -> Self {
-        Self {
-            max_batch: max_batch.max(1) as usize,
-            linger: Duration::from_millis(linger_ms.into()),
-            timeout: Duration::from_secs(timeout_seconds.max(1).into()),
-        }
-    }
-}
 
 /// A configured sink.
 pub enum Sink {

@@ -7,8 +7,8 @@
 //! ([`SinkError::Partial`]); the delivery loop advances the checkpoint over
 //! the acknowledged prefix and publishes the rest again, in order.
 
+use super::batch::{Batch, Batching, SinkError};
 use super::clients::{NatsAuth, SinkClients};
-use super::{Batch, Batching, SinkError};
 use crate::crd::{HeaderValueSource, NatsSinkSpec};
 use async_nats::HeaderMap;
 use async_nats::jetstream;

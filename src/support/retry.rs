@@ -14,12 +14,12 @@ pub struct RetryPolicy {
 }
 
 /// Default first backoff step: short, because most throttling clears in milliseconds.
-pub const DEFAULT_FIRST_DELAY: Duration = Duration::from_millis(25);
+pub(super) const DEFAULT_FIRST_DELAY: Duration = Duration::from_millis(25);
 /// Default cap on one backoff step.
-pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(1);
+pub(super) const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(1);
 /// Default bound on one store call, retries included. Shorter than a heartbeat
 /// interval so a slow call never makes a worker skip a renewal.
-pub const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(4);
+pub(super) const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(4);
 
 impl Default for RetryPolicy {
     fn default() -> Self {

@@ -30,11 +30,11 @@ use tokio::time::{Instant, sleep, sleep_until};
 /// How often the watcher compares the boot clock with the deadline: how long
 /// after waking from a suspend the fence's waiters learn that it closed
 /// (`is_valid`, which deliveries ask before sending, knows at once).
-pub const BOOT_RECHECK: Duration = Duration::from_millis(200);
+pub(super) const BOOT_RECHECK: Duration = Duration::from_millis(200);
 
 /// The time since boot, suspended time included; `None` where the system
 /// has no such clock (the monotonic deadline then stands alone).
-pub type BootClock = fn() -> Option<Duration>;
+pub(super) type BootClock = fn() -> Option<Duration>;
 
 fn boot_time() -> Option<Duration> {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
@@ -234,7 +234,7 @@ async fn watch_deadline(
 
 /// `lease_duration - fence_margin`, or an error when that leaves no room for
 /// at least two renewals (one failed renewal must not fence a worker).
-pub fn fence_window(
+pub(super) fn fence_window(
     lease_duration: Duration,
     fence_margin: Duration,
     heartbeat_interval: Duration,

@@ -32,6 +32,6 @@ pub use incarnation::PodLookup;
 pub use run::run;
 pub use settings::{WorkerSettings, default_worker_id};
 pub use stream::{
-    KinesisStreams, READ_BUFFER_BYTES, SessionConfig, SessionControl, SessionDeps, SessionEnd,
-    Sessions, StreamProgress, tls_config,
+    READ_BUFFER_BYTES, SessionConfig, SessionControl, SessionDeps, SessionEnd, Sessions,
+    StreamProgress, tls_config,
 };

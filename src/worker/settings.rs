@@ -9,37 +9,37 @@ use std::time::Duration;
 
 /// A renewal that failed is retried after this, not after a whole heartbeat,
 /// so a few seconds of DynamoDB trouble never fence a worker.
-pub const RENEW_RETRY: Duration = Duration::from_millis(500);
+pub(super) const RENEW_RETRY: Duration = Duration::from_millis(500);
 /// Fair share counts only peers whose heartbeat moved within this many
 /// heartbeat intervals (a crashed worker stays LIVE until declared dead).
-pub const PEER_SILENCE_HEARTBEATS: u32 = 3;
+pub(super) const PEER_SILENCE_HEARTBEATS: u32 = 3;
 /// Minimum time between two rebalancing handoffs of one worker, in heartbeats.
-pub const HANDOFF_COOLDOWN_HEARTBEATS: u32 = 2;
+pub(super) const HANDOFF_COOLDOWN_HEARTBEATS: u32 = 2;
 /// Above its fair share, a worker leaves streams released on shutdown (or
 /// never owned) this many reconcile intervals to workers below it.
-pub const SHARE_GRACE_INTERVALS: u32 = 2;
+pub(super) const SHARE_GRACE_INTERVALS: u32 = 2;
 /// ... and streams released for rebalancing this many.
-pub const REBALANCE_GRACE_INTERVALS: u32 = 4;
+pub(super) const REBALANCE_GRACE_INTERVALS: u32 = 4;
 /// Unowned partitions are scanned at least this often even when no peer
 /// released anything (new streams from the control plane are found so).
-pub const UNOWNED_SCAN_PERIOD: Duration = Duration::from_secs(1);
+pub(super) const UNOWNED_SCAN_PERIOD: Duration = Duration::from_secs(1);
 /// Own partitions are audited every this many heartbeats: anything owned but
 /// not served (an acquire whose answer was lost, a task that died) is adopted.
-pub const AUDIT_HEARTBEATS: u32 = 4;
+pub(super) const AUDIT_HEARTBEATS: u32 = 4;
 /// Each held stream's item is re-read by its holder every this many audits
 /// (a share of them at each audit), so a spec change whose notification was
 /// lost is acted on within `AUDIT_HEARTBEATS × CONTROL_SWEEP_AUDITS`
 /// heartbeats (64 s with the defaults); STOPPED and deletions show in the
 /// index and are acted on at the next audit.
-pub const CONTROL_SWEEP_AUDITS: u64 = 4;
+pub(super) const CONTROL_SWEEP_AUDITS: u64 = 4;
 /// Share of the drain timeout a stream's session may take to flush and close;
 /// the rest is for releasing (a slow sink must never cost the release).
-pub const DRAIN_STOP_SHARE: f64 = 0.5;
+pub(super) const DRAIN_STOP_SHARE: f64 = 0.5;
 /// Minimum time between two status writes of one stream.
-pub const STATUS_MIN_INTERVAL: Duration = Duration::from_secs(1);
+pub(super) const STATUS_MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Fraction of the reconcile interval used as jitter (±), so a fleet that
 /// started together does not query and acquire in lockstep.
-pub const RECONCILE_JITTER: f64 = 0.25;
+pub(super) const RECONCILE_JITTER: f64 = 0.25;
 
 /// Validated worker settings.
 #[derive(Clone, Debug)]
@@ -63,7 +63,7 @@ pub struct WorkerSettings {
     pub connect_rate: f64,
     pub connect_burst: u32,
     /// Which Kinesis data streams each namespace may write to.
-    pub kinesis_streams: super::stream::KinesisStreams,
+    pub kinesis_streams: crate::egress::KinesisStreams,
 }
 
 impl WorkerSettings {
@@ -120,7 +120,7 @@ impl WorkerSettings {
             ca_file: ca_file.clone(),
             connect_rate: *connect_rate,
             connect_burst: *connect_burst,
-            kinesis_streams: super::stream::KinesisStreams::new(kinesis_streams.clone()),
+            kinesis_streams: crate::egress::KinesisStreams::new(kinesis_streams.clone()),
         })
     }
 }
@@ -151,7 +151,7 @@ pub fn default_worker_id() -> String {
 }
 
 /// `interval` with ±[`RECONCILE_JITTER`] jitter.
-pub fn jittered(interval: Duration) -> Duration {
+pub(super) fn jittered(interval: Duration) -> Duration {
     use rand::Rng;
     let factor = rand::rng().random_range((1.0 - RECONCILE_JITTER)..=(1.0 + RECONCILE_JITTER));
     interval.mul_f64(factor)

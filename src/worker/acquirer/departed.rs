@@ -2,7 +2,7 @@
 //! who looks again for late arrivals, and when an incarnation is forgotten.
 
 use super::overdue::successors;
-use super::{Acquirer, Candidate};
+use super::pass::{Acquirer, Candidate, Ended};
 use crate::lease::{
     AcquireFrom, DesiredState, FleetEntry, Incarnation, Ownership, StoreError, WorkerState,
 };
@@ -15,14 +15,6 @@ const ENDED_RESCAN: std::time::Duration = std::time::Duration::from_secs(5);
 /// acquire it sent just before it ended can still land after the first empty
 /// scan, and must still be found.
 const FORGET_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
-/// A departed incarnation this worker keeps an eye on.
-pub(super) struct Ended {
-    first_seen: Instant,
-    /// Its partitions were found empty at least once.
-    emptied: bool,
-    last_scan: Option<Instant>,
-}
-
 impl Acquirer {
     /// Departed incarnations: everyone takes a dead one's streams until its
     /// partitions are empty; then its ring successor alone looks again now
@@ -34,7 +26,7 @@ impl Acquirer {
         candidates: &mut Vec<Candidate>,
     ) -> Result<(), StoreError> {
         let now = Instant::now();
-        let live = super::live_incarnations(workers);
+        let live = super::pass::live_incarnations(workers);
         for w in workers
             .iter()
             .filter(|w| w.state != WorkerState::Live && w.incarnation != self.me)

@@ -14,7 +14,7 @@ use crate::lease::{Incarnation, ReleaseReason, StreamRecord};
 
 /// A live peer as this worker last saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Peer {
+pub(super) struct Peer {
     pub incarnation: Incarnation,
     pub held: u64,
     /// Its heartbeat moved recently (a crashed worker stays LIVE in the table
@@ -24,18 +24,18 @@ pub struct Peer {
 
 /// What this worker knows about its live peers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct FleetView {
+pub(super) struct FleetView {
     pub peers: Vec<Peer>,
 }
 
 impl FleetView {
     /// Workers counted for the share: this one and the progressing peers.
-    pub fn live(&self) -> usize {
+    pub(super) fn live(&self) -> usize {
         1 + self.peers.iter().filter(|p| p.progressing).count()
     }
 
     /// Fair share given what this worker holds and the orphans it sees.
-    pub fn fair_share(&self, held: u64, orphans: u64) -> u64 {
+    pub(super) fn fair_share(&self, held: u64, orphans: u64) -> u64 {
         let others: u64 = self
             .peers
             .iter()
@@ -46,19 +46,19 @@ impl FleetView {
     }
 
     /// Whether some progressing peer holds fewer than `fair` streams.
-    pub fn peer_below(&self, fair: u64) -> bool {
+    pub(super) fn peer_below(&self, fair: u64) -> bool {
         self.peers.iter().any(|p| p.progressing && p.held < fair)
     }
 }
 
 /// `ceil(streams / workers)`.
-pub fn fair_share(streams: u64, workers: usize) -> u64 {
+pub(super) fn fair_share(streams: u64, workers: usize) -> u64 {
     streams.div_ceil(workers.max(1) as u64)
 }
 
 /// How many streams to hand over now: half the excess (rounded up), so a large
 /// imbalance converges in a few steps without moving everything at once.
-pub fn handoff_count(held: u64, fair: u64, peer_below: bool) -> u64 {
+pub(super) fn handoff_count(held: u64, fair: u64, peer_below: bool) -> u64 {
     if !peer_below || held <= fair {
         return 0;
     }
@@ -67,7 +67,7 @@ pub fn handoff_count(held: u64, fair: u64, peer_below: bool) -> u64 {
 
 /// Why a stream is without an owner, which decides who should take it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Orphan {
+pub(super) enum Orphan {
     /// Its owner died: it has already waited a whole lease.
     Crashed,
     /// Released by an owner that shut down, `age_ms` ago.
@@ -80,7 +80,7 @@ pub enum Orphan {
 
 /// Classifies a free stream from its (index) item. Ages compare wall clocks of
 /// different machines, which is fine for a grace period and never for safety.
-pub fn classify_free(r: &StreamRecord, now_ms: u64) -> Orphan {
+pub(super) fn classify_free(r: &StreamRecord, now_ms: u64) -> Orphan {
     let since = |t: Option<u64>| t.map_or(u64::MAX, |t| now_ms.saturating_sub(t));
     if r.lease_owner.is_none() {
         return Orphan::New {
@@ -102,7 +102,7 @@ pub fn classify_free(r: &StreamRecord, now_ms: u64) -> Orphan {
 /// released for rebalancing only after `rebalance_grace_ms`, so they land on
 /// the new worker and not back where they came from.
 #[derive(Clone, Copy, Debug)]
-pub struct AcquirePolicy {
+pub(super) struct AcquirePolicy {
     /// Streams still wanted to reach the fair share; `None` without fair share.
     pub below_share: Option<u64>,
     pub share_grace_ms: u64,
@@ -110,7 +110,7 @@ pub struct AcquirePolicy {
 }
 
 impl AcquirePolicy {
-    pub fn allows(&self, orphan: Orphan) -> bool {
+    pub(super) fn allows(&self, orphan: Orphan) -> bool {
         if self.below_share.is_none_or(|n| n > 0) {
             return true;
         }
@@ -122,7 +122,7 @@ impl AcquirePolicy {
     }
 
     /// Counts a stream this pass is about to acquire toward the fair share.
-    pub fn take(&mut self) {
+    pub(super) fn take(&mut self) {
         if let Some(n) = self.below_share.as_mut() {
             *n = n.saturating_sub(1);
         }

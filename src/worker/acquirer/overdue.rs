@@ -20,13 +20,13 @@ struct Seen {
 
 /// Versions seen per peer, and since when.
 #[derive(Debug)]
-pub struct Observer {
+pub(super) struct Observer {
     lease: Duration,
     seen: HashMap<Incarnation, Seen>,
 }
 
 impl Observer {
-    pub fn new(lease: Duration) -> Self {
+    pub(super) fn new(lease: Duration) -> Self {
         Self {
             lease,
             seen: HashMap::new(),
@@ -34,7 +34,7 @@ impl Observer {
     }
 
     /// Records a read of a peer's item made at `now`.
-    pub fn observe(&mut self, peer: &WorkerRecord, now: Instant) {
+    pub(super) fn observe(&mut self, peer: &WorkerRecord, now: Instant) {
         let seen = self.seen.entry(peer.incarnation.clone()).or_insert(Seen {
             version: peer.heartbeat_version,
             since: now,
@@ -49,7 +49,7 @@ impl Observer {
     }
 
     /// Peers whose version stood still for a whole lease, with that version.
-    pub fn overdue(&self, now: Instant) -> Vec<(Incarnation, u64)> {
+    pub(super) fn overdue(&self, now: Instant) -> Vec<(Incarnation, u64)> {
         self.seen
             .iter()
             .filter(|(_, s)| now.duration_since(s.since) >= self.lease)
@@ -59,14 +59,14 @@ impl Observer {
 
     /// Whether a peer's version moved within `within` (a new peer counts as
     /// moving until it has been watched that long).
-    pub fn progressing(&self, peer: &Incarnation, now: Instant, within: Duration) -> bool {
+    pub(super) fn progressing(&self, peer: &Incarnation, now: Instant, within: Duration) -> bool {
         self.seen
             .get(peer)
             .is_none_or(|s| now.duration_since(s.since) < within)
     }
 
     /// Forgets peers that are no longer LIVE.
-    pub fn retain(&mut self, live: impl Fn(&Incarnation) -> bool) {
+    pub(super) fn retain(&mut self, live: impl Fn(&Incarnation) -> bool) {
         self.seen.retain(|inc, _| live(inc));
     }
 }
@@ -74,7 +74,7 @@ impl Observer {
 /// The peers after `me` in the ring of live incarnations (sorted by id): the
 /// ones this worker watches closely every pass, so every peer is watched by a
 /// few others without every worker reading every peer each pass.
-pub fn successors(me: &Incarnation, live: &[Incarnation], count: usize) -> Vec<Incarnation> {
+pub(super) fn successors(me: &Incarnation, live: &[Incarnation], count: usize) -> Vec<Incarnation> {
     let mut ring: Vec<&Incarnation> = live.iter().filter(|i| *i != me).collect();
     ring.sort();
     let start = ring.iter().position(|i| *i > me).unwrap_or(0);

@@ -2,9 +2,9 @@
 //! view fair share is computed from, duplicate worker ids, and declaring an
 //! overdue peer dead.
 
-use super::Acquirer;
 use super::fair_share::{FleetView, Peer};
 use super::overdue::successors;
+use super::pass::Acquirer;
 use crate::lease::{FleetEntry, Incarnation, StoreError, WorkerState};
 use crate::worker::settings::PEER_SILENCE_HEARTBEATS;
 use tokio::time::Instant;
@@ -15,7 +15,7 @@ impl Acquirer {
     /// Reads peers' items (a few every pass, all every heartbeat), updates the
     /// fleet view, and declares overdue peers dead.
     pub(super) async fn watch_peers(&mut self, workers: &[FleetEntry]) -> Result<(), StoreError> {
-        let live = super::live_incarnations(workers);
+        let live = super::pass::live_incarnations(workers);
         let draining: Vec<&Incarnation> = workers
             .iter()
             .filter(|w| w.draining)

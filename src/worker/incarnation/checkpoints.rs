@@ -16,20 +16,20 @@ use std::collections::HashMap;
 
 /// Bytes of entries in the worker item: it stays under 4 KB, one read unit
 /// for every peer that reads it, and a few write units per heartbeat.
-pub const SHARD0_BYTES: usize = 3 * 1024;
+pub(super) const SHARD0_BYTES: usize = 3 * 1024;
 /// Bytes of entries in each further shard.
-pub const SHARD_BYTES: usize = 64 * 1024;
+pub(super) const SHARD_BYTES: usize = 64 * 1024;
 /// Heartbeats a checkpoint must stand still before it is folded into its item.
-pub const FOLD_AFTER_HEARTBEATS: u32 = 3;
+pub(super) const FOLD_AFTER_HEARTBEATS: u32 = 3;
 /// Folds per heartbeat, so a fleet going quiet does not burst writes.
-pub const FOLDS_PER_HEARTBEAT: usize = 64;
+pub(super) const FOLDS_PER_HEARTBEAT: usize = 64;
 
 /// One shard's entries.
-pub type Shard = Vec<(StreamKey, Checkpoint)>;
+pub(super) type Shard = Vec<(StreamKey, Checkpoint)>;
 
 /// What one heartbeat writes.
 #[derive(Debug, Default)]
-pub struct Packed {
+pub(super) struct Packed {
     pub shard0: Shard,
     /// Shards 1.. that changed since they were last written: `(number, entries)`.
     pub changed_shards: Vec<(u32, Shard)>,
@@ -43,7 +43,7 @@ pub struct Packed {
 
 /// The packer's memory between heartbeats.
 #[derive(Debug, Default)]
-pub struct Packer {
+pub(super) struct Packer {
     /// Per stream: the last packed sequence number and for how many heartbeats.
     still: HashMap<StreamKey, (u64, u32)>,
     /// Shards 1.. as last written successfully.
@@ -51,7 +51,7 @@ pub struct Packer {
 }
 
 impl Packer {
-    pub fn pack(&mut self, held: &[HeldStream]) -> Packed {
+    pub(super) fn pack(&mut self, held: &[HeldStream]) -> Packed {
         let mut entries: Vec<(StreamKey, Checkpoint, &HeldStream)> = held
             .iter()
             .filter_map(|h| {
@@ -118,7 +118,7 @@ impl Packer {
     }
 
     /// Records that shard `number` (≥ 1) now holds `entries`.
-    pub fn written(&mut self, number: u32, entries: Shard) {
+    pub(super) fn written(&mut self, number: u32, entries: Shard) {
         let i = number as usize - 1;
         if self.written.len() <= i {
             self.written.resize(i + 1, Vec::new());
@@ -127,7 +127,7 @@ impl Packer {
     }
 
     /// Records that shards from `count` on no longer exist.
-    pub fn truncated(&mut self, count: u32) {
+    pub(super) fn truncated(&mut self, count: u32) {
         self.written.truncate(count.saturating_sub(1) as usize);
     }
 }

@@ -27,7 +27,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 /// How the liveness task ended.
 #[derive(Debug, PartialEq, Eq)]
-pub enum LivenessEnd {
+pub(crate) enum LivenessEnd {
     /// Asked to stop (the worker left).
     Stopped,
     /// A peer declared this incarnation dead.
@@ -40,7 +40,7 @@ enum Beat {
     Dead,
 }
 
-pub struct Liveness {
+pub(crate) struct Liveness {
     pub ctx: Arc<Shared>,
     pub me: Incarnation,
     pub fence: Arc<Fence>,
@@ -98,7 +98,7 @@ impl Chores {
 }
 
 impl Liveness {
-    pub fn new(
+    pub(crate) fn new(
         ctx: Arc<Shared>,
         me: Incarnation,
         fence: Arc<Fence>,
@@ -139,7 +139,7 @@ impl Liveness {
         true
     }
 
-    pub async fn run(mut self, stop: CancellationToken) -> LivenessEnd {
+    pub(crate) async fn run(mut self, stop: CancellationToken) -> LivenessEnd {
         let mut next = Instant::now() + self.ctx.settings.heartbeat_interval;
         loop {
             tokio::select! {

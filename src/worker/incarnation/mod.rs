@@ -7,5 +7,5 @@ mod checkpoints;
 mod liveness;
 mod restart;
 
-pub use liveness::{Liveness, LivenessEnd};
+pub(super) use liveness::{Liveness, LivenessEnd};
 pub use restart::PodLookup;

@@ -10,7 +10,7 @@ use crate::lease::PodIdentity;
 use k8s_openapi::api::core::v1::Pod;
 
 /// Container name assumed when `TETHER_CONTAINER_NAME` is not set (the chart's).
-pub const DEFAULT_CONTAINER: &str = "tether";
+pub(super) const DEFAULT_CONTAINER: &str = "tether";
 
 /// Where to read this process's own pod.
 #[derive(Clone)]
@@ -59,7 +59,7 @@ impl PodLookup {
 
 /// The identity in a pod's status: its UID and the running container's
 /// restart count.
-pub fn identity_of(pod: &Pod, container: &str) -> Option<PodIdentity> {
+pub(super) fn identity_of(pod: &Pod, container: &str) -> Option<PodIdentity> {
     let uid = pod.metadata.uid.clone()?;
     let status = pod
         .status

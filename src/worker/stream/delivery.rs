@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 /// Sink retry backoff: first step and cap (full jitter).
-pub const SINK_BACKOFF: RetryPolicy = RetryPolicy {
+pub(super) const SINK_BACKOFF: RetryPolicy = RetryPolicy {
     first_delay: Duration::from_millis(100),
     max_delay: Duration::from_secs(5),
     deadline: Duration::MAX,
@@ -37,7 +37,7 @@ pub enum Undelivered {
 }
 
 /// Who is delivering, and what for.
-pub struct Delivery<'a> {
+pub(super) struct Delivery<'a> {
     pub connection: &'a str,
     pub worker: &'a str,
     pub token: u64,
@@ -51,7 +51,7 @@ pub struct Delivery<'a> {
 impl Delivery<'_> {
     /// Delivers `batch` until the sink acknowledges it, then advances the
     /// checkpoint and clears the batch.
-    pub async fn deliver(&self, batch: &mut Vec<Message>) -> Result<(), Undelivered> {
+    pub(super) async fn deliver(&self, batch: &mut Vec<Message>) -> Result<(), Undelivered> {
         let Some(last) = batch.last().map(|m| m.seq) else {
             return Ok(());
         };

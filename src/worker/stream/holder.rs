@@ -25,7 +25,7 @@ const RELEASE_ATTEMPTS: u32 = 6;
 
 /// How a holder ended (the worker logs and counts these).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HolderEnd {
+pub(crate) enum HolderEnd {
     /// Released on purpose.
     Released(ReleaseReason),
     /// Not ours any more (deleted, or refused by the sink's fenced signal and
@@ -63,7 +63,7 @@ fn parsed(
     (record, spec, spec_digest)
 }
 
-pub struct Holder {
+pub(crate) struct Holder {
     ctx: Arc<Shared>,
     /// What a session runs (WebSocket sessions; the bench's own in-memory
     /// ones), and what it is given.
@@ -85,7 +85,7 @@ pub struct Holder {
 }
 
 impl Holder {
-    pub fn new(
+    pub(crate) fn new(
         ctx: Arc<Shared>,
         sessions: Arc<dyn Sessions>,
         deps: Arc<SessionDeps>,
@@ -115,7 +115,7 @@ impl Holder {
     /// which for a holder is 600 bytes per held stream.
     // Not an async fn on purpose (see above): clippy's suggestion would undo it.
     #[allow(clippy::manual_async_fn)]
-    pub fn run(mut self) -> impl Future<Output = HolderEnd> + Send {
+    pub(crate) fn run(mut self) -> impl Future<Output = HolderEnd> + Send {
         async move {
             let signals = self.held.signals.clone();
             let fence = self.deps.fence.clone();

@@ -6,19 +6,17 @@
 mod connect_limit;
 mod delivery;
 mod holder;
-mod kinesis_scope;
 mod progress;
 mod registry;
 mod sequence;
 mod session;
 mod transport;
 
-pub use connect_limit::ConnectLimiter;
-pub use holder::{Holder, HolderEnd};
-pub use kinesis_scope::KinesisStreams;
+pub(super) use connect_limit::ConnectLimiter;
+pub(super) use holder::{Holder, HolderEnd};
 pub use progress::StreamProgress;
-pub use registry::{HeldStream, HolderSignals, Registry};
-pub use session::{
-    SessionConfig, SessionControl, SessionDeps, SessionEnd, Sessions, WebSocketSessions,
-};
-pub use transport::{Dialer, READ_BUFFER_BYTES, tls_config};
+pub(super) use registry::{HeldStream, HolderSignals, Registry};
+pub(super) use session::WebSocketSessions;
+pub use session::{SessionConfig, SessionControl, SessionDeps, SessionEnd, Sessions};
+pub(super) use transport::Dialer;
+pub use transport::{READ_BUFFER_BYTES, tls_config};

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Signals a holder can receive.
 #[derive(Clone, Debug, Default)]
-pub struct HolderSignals {
+pub(crate) struct HolderSignals {
     /// Drain and release (graceful shutdown).
     pub shutdown: CancellationToken,
     /// Hand the stream over to another worker (fair share).
@@ -24,7 +24,7 @@ pub struct HolderSignals {
 
 /// One held stream.
 #[derive(Clone, Debug)]
-pub struct HeldStream {
+pub(crate) struct HeldStream {
     pub lease: Lease,
     pub progress: Arc<StreamProgress>,
     pub signals: HolderSignals,
@@ -32,13 +32,13 @@ pub struct HeldStream {
 
 impl HeldStream {
     /// Not being handed over.
-    pub fn staying(&self) -> bool {
+    pub(crate) fn staying(&self) -> bool {
         !self.signals.handoff.is_cancelled()
     }
 }
 
 #[derive(Debug, Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     streams: Mutex<HashMap<StreamKey, HeldStream>>,
     /// A holder found its stream owned by this incarnation at a token it
     /// does not hold (a re-created stream): audit at the next pass instead
@@ -51,42 +51,42 @@ impl Registry {
         lock(&self.streams)
     }
 
-    pub fn insert(&self, held: HeldStream) {
+    pub(crate) fn insert(&self, held: HeldStream) {
         self.lock().insert(held.lease.key.clone(), held);
     }
 
-    pub fn remove(&self, key: &StreamKey) {
+    pub(crate) fn remove(&self, key: &StreamKey) {
         self.lock().remove(key);
     }
 
-    pub fn get(&self, key: &StreamKey) -> Option<HeldStream> {
+    pub(crate) fn get(&self, key: &StreamKey) -> Option<HeldStream> {
         self.lock().get(key).cloned()
     }
 
-    pub fn contains(&self, key: &StreamKey) -> bool {
+    pub(crate) fn contains(&self, key: &StreamKey) -> bool {
         self.lock().contains_key(key)
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.lock().len()
     }
 
     /// Streams held and not being handed over: the load fair share counts.
-    pub fn staying(&self) -> usize {
+    pub(crate) fn staying(&self) -> usize {
         self.lock().values().filter(|h| h.staying()).count()
     }
 
     /// Asks the acquirer to audit this incarnation's streams at its next pass.
-    pub fn request_audit(&self) {
+    pub(crate) fn request_audit(&self) {
         self.audit_requested.store(true, Ordering::SeqCst);
     }
 
     /// Whether an audit was asked for since the last call.
-    pub fn take_audit_request(&self) -> bool {
+    pub(crate) fn take_audit_request(&self) -> bool {
         self.audit_requested.swap(false, Ordering::SeqCst)
     }
 
-    pub fn snapshot(&self) -> Vec<HeldStream> {
+    pub(crate) fn snapshot(&self) -> Vec<HeldStream> {
         self.lock().values().cloned().collect()
     }
 }

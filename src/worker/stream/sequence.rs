@@ -15,7 +15,7 @@ use std::fmt;
 
 /// A pointer parsed once per session.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SequencePointer {
+pub(super) struct SequencePointer {
     text: String,
     /// `None`: not a pointer into a document (it does not start with `/`),
     /// so no message has a sequence number at it.
@@ -32,7 +32,7 @@ struct Token {
 }
 
 impl SequencePointer {
-    pub fn new(pointer: &str) -> Self {
+    pub(super) fn new(pointer: &str) -> Self {
         let tokens = if pointer.is_empty() {
             Some(Vec::new())
         } else {
@@ -57,7 +57,7 @@ impl SequencePointer {
 
     /// The unsigned integer at the pointer in `text`; `Ok(None)` when the
     /// document has none there, `Err` when `text` is not JSON.
-    pub fn u64_in(&self, text: &str) -> Result<Option<u64>, serde_json::Error> {
+    pub(super) fn u64_in(&self, text: &str) -> Result<Option<u64>, serde_json::Error> {
         let mut de = serde_json::Deserializer::from_str(text);
         let found = match &self.tokens {
             Some(tokens) => At(tokens).deserialize(&mut de)?,
@@ -74,7 +74,7 @@ impl SequencePointer {
 /// The sequence number of a message: at the pointer, or the next counter
 /// value. `Ok(None)` for a replay at or below what was already taken; with no
 /// checkpoint, every sequence number (0 included) is new.
-pub fn sequence_of(
+pub(super) fn sequence_of(
     text: &str,
     pointer: Option<&SequencePointer>,
     high_water: &mut Option<u64>,
@@ -94,7 +94,7 @@ pub fn sequence_of(
 }
 
 /// The next counter value: 0 with no checkpoint, else one past it.
-pub fn next_counter(high_water: &mut Option<u64>) -> u64 {
+pub(super) fn next_counter(high_water: &mut Option<u64>) -> u64 {
     let next = high_water.map_or(0, |h| h + 1);
     *high_water = Some(next);
     next

@@ -7,12 +7,12 @@
 //! backpressure the stream contract asks for.
 
 use super::delivery::{Delivery, Undelivered};
-use super::kinesis_scope::KinesisStreams;
 use super::progress::StreamProgress;
 use super::sequence::{SequencePointer, next_counter, sequence_of};
 use super::transport::{CONNECT_TIMEOUT, ConnectError, Dialer, Ws, resume_url};
 use crate::crd::StreamConnectionSpec;
 use crate::egress::HostPolicy;
+use crate::egress::KinesisStreams;
 use crate::lease::{Phase, StreamKey, now_ms};
 use crate::metrics::WorkerMetrics;
 use crate::sink::{Message, Sink, SinkClients};
@@ -30,9 +30,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 /// Bound on a close handshake before the socket is simply dropped.
-pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Reconnect backoff: first step and cap (full jitter).
-pub const RECONNECT_BACKOFF: RetryPolicy = RetryPolicy {
+pub(super) const RECONNECT_BACKOFF: RetryPolicy = RetryPolicy {
     first_delay: Duration::from_millis(250),
     max_delay: Duration::from_secs(30),
     deadline: Duration::MAX,
@@ -139,7 +139,7 @@ pub trait Sessions: Send + Sync + 'static {
 }
 
 /// Upstream WebSocket sessions.
-pub struct WebSocketSessions;
+pub(crate) struct WebSocketSessions;
 
 impl Sessions for WebSocketSessions {
     fn start(
@@ -159,7 +159,7 @@ impl Sessions for WebSocketSessions {
 // Not an async fn on purpose (an async fn keeps its arguments twice):
 // clippy's suggestion would undo it.
 #[allow(clippy::manual_async_fn)]
-pub fn run(
+pub(super) fn run(
     cfg: SessionConfig,
     progress: Arc<StreamProgress>,
     deps: Arc<SessionDeps>,

@@ -27,12 +27,12 @@ use url::Url;
 /// session's memory; 4 KiB costs a few more reads for large messages only.
 pub const READ_BUFFER_BYTES: usize = 4 * 1024;
 /// Bound on TCP connect + TLS + WebSocket handshake.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The text in `spec.url` replaced by the checkpoint at every connect.
-pub const LAST_SEQ_PLACEHOLDER: &str = "{last_seq}";
+pub(super) const LAST_SEQ_PLACEHOLDER: &str = "{last_seq}";
 
 /// A WebSocket session's socket.
-pub type Ws = WebSocketStream<Transport>;
+pub(super) type Ws = WebSocketStream<Transport>;
 
 /// Plain TCP, or TLS boxed (tokio-tungstenite's `MaybeTlsStream` stores the
 /// TLS state inline, about 1.3 KiB per `ws://` session).
@@ -134,7 +134,11 @@ impl ConnectError {
 /// The URL of a connect: the template with the checkpoint, or, with no
 /// checkpoint yet, `initial_url` if given, else the template with the
 /// placeholder removed (an empty value, never a made-up 0).
-pub fn resume_url(template: &str, initial_url: Option<&str>, checkpoint: Option<u64>) -> String {
+pub(super) fn resume_url(
+    template: &str,
+    initial_url: Option<&str>,
+    checkpoint: Option<u64>,
+) -> String {
     match (checkpoint, initial_url) {
         (Some(seq), _) => template.replace(LAST_SEQ_PLACEHOLDER, &seq.to_string()),
         (None, Some(initial)) => initial.to_string(),

@@ -117,7 +117,7 @@ async fn tether_run(ctx: &Ctx) -> anyhow::Result<Value> {
             // Sessions are no-ops here: nothing to pace.
             connect_rate: 0.0,
             connect_burst: 1,
-            kinesis_streams: tether::worker::KinesisStreams::new(["*"]),
+            kinesis_streams: tether::egress::KinesisStreams::new(["*"]),
         };
         let metrics = Arc::new(WorkerMetrics::default());
         let health = Arc::new(Health::new(

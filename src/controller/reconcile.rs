@@ -1,0 +1,500 @@
+//! Reconciling one `StreamConnection`: mirror its spec into the lease table
+//! (or refuse it with a reason), write its status from the table, and on
+//! deletion release and tombstone its item behind the finalizer.
+
+use super::settings::{self, ControllerSettings};
+use super::status;
+use crate::crd::{DesiredStateSpec, StreamConnection, StreamConnectionStatus};
+use crate::lease::{
+    LeaseStore, ResourceIdentity, StoreError, StreamKey, TombstoneOutcome, UpsertOutcome,
+    UpsertRefusal,
+};
+use crate::metrics::ControllerMetrics;
+use crate::support::lock;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::{Client, Resource, ResourceExt};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use thiserror::Error;
+use tokio::time::Instant;
+
+/// Finalizer that keeps a resource until its table item is gone.
+pub const FINALIZER: &str = "tether.dev/lease-cleanup";
+/// Field manager of the status written by server-side apply.
+pub const FIELD_MANAGER: &str = "tether-controller";
+/// How long deletion waits for the owner to release before deleting anyway
+/// (the owner is told through its inbox, and releases).
+pub const RELEASE_WAIT: Duration = Duration::from_secs(30);
+/// Retry delay while waiting for a release.
+const RELEASE_POLL: Duration = Duration::from_secs(1);
+/// First and largest retry delay after an error.
+const ERROR_BACKOFF_FIRST: Duration = Duration::from_secs(2);
+const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("lease table: {0}")]
+    Store(#[from] StoreError),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("waiting for {owner} to release the stream")]
+    WaitingForRelease { owner: String },
+    #[error("resource has no namespace")]
+    NoNamespace,
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+}
+
+impl Error {
+    /// A fixed label for metrics and logs.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Store(e) => e.category(),
+            Self::Kube(_) => "kubernetes_api",
+            Self::WaitingForRelease { .. } => "waiting_for_release",
+            Self::NoNamespace => "no_namespace",
+            Self::Finalizer(_) => "finalizer",
+        }
+    }
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub store: LeaseStore,
+    pub recorder: Recorder,
+    pub settings: ControllerSettings,
+    pub metrics: Arc<ControllerMetrics>,
+    /// Last status write per object, to rate-limit progress-only writes.
+    last_write: Mutex<HashMap<String, Instant>>,
+    /// Consecutive failures per object, for exponential backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        store: LeaseStore,
+        settings: ControllerSettings,
+        metrics: Arc<ControllerMetrics>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: "tether".into(),
+            instance: Some(settings.instance.clone()),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            store,
+            settings,
+            metrics,
+            last_write: Mutex::default(),
+            failures: Mutex::default(),
+        }
+    }
+}
+
+fn object_key(obj: &StreamConnection) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+}
+
+/// Reconciles one resource, measured.
+pub async fn reconcile(obj: Arc<StreamConnection>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let metrics = ctx.metrics.clone();
+    metrics.reconciles_in_flight.inc();
+    let started = Instant::now();
+    let result = reconcile_unmeasured(obj, ctx).await;
+    metrics.reconciles_in_flight.dec();
+    metrics
+        .reconcile_seconds
+        .0
+        .observe(started.elapsed().as_secs_f64());
+    let outcome = match &result {
+        Ok(_) => "ok",
+        Err(e) => {
+            metrics
+                .reconcile_errors
+                .get_or_create(&[("category", e.category())])
+                .inc();
+            "error"
+        }
+    };
+    metrics
+        .reconciles
+        .get_or_create(&[("result", outcome)])
+        .inc();
+    result
+}
+
+async fn reconcile_unmeasured(
+    obj: Arc<StreamConnection>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    // The watch selects by label already; a resource relabelled to another
+    // installation is left to it (its finalizer included).
+    if !ctx.settings.claims(obj.labels()) {
+        return Ok(Action::await_change());
+    }
+    let namespace = obj.namespace().ok_or(Error::NoNamespace)?;
+    let api: Api<StreamConnection> = Api::namespaced(ctx.client.clone(), &namespace);
+    let result = finalizer(&api, FINALIZER, obj, |event| async {
+        match event {
+            Finalizer::Apply(obj) => apply(&obj, &ctx).await,
+            Finalizer::Cleanup(obj) => cleanup(&obj, &ctx).await,
+        }
+    })
+    .await;
+    match result {
+        Ok(action) => Ok(action),
+        Err(
+            kube::runtime::finalizer::Error::ApplyFailed(e)
+            | kube::runtime::finalizer::Error::CleanupFailed(e),
+        ) => Err(e),
+        Err(e) => Err(Error::Finalizer(e.to_string())),
+    }
+}
+
+/// The resource's identity, so the table can tell resources of one name apart
+/// and installations sharing a table never take each other's items.
+fn resource_of(obj: &StreamConnection, installation: &str) -> Option<ResourceIdentity> {
+    let uid = obj.metadata.uid.clone()?;
+    let created_ms = obj
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_millisecond().max(0) as u64);
+    Some(ResourceIdentity {
+        uid,
+        created_ms,
+        installation: installation.to_string(),
+    })
+}
+
+/// Validate → mirror → status.
+async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
+    let key = StreamKey::new(obj.namespace().unwrap_or_default(), obj.name_any());
+    lock(&ctx.failures).remove(&key.to_string());
+    if let Err(errors) = obj.spec.validate_in_cluster() {
+        let message = errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        let status = status::compute(obj, None, Some(&message), None);
+        if write_status(obj, ctx, status, true).await? {
+            publish(
+                ctx,
+                obj,
+                EventType::Warning,
+                "InvalidSpec",
+                &message,
+                "Validate",
+            )
+            .await;
+        }
+        // Nothing to retry until the object changes.
+        return Ok(Action::await_change());
+    }
+    let generation = obj.metadata.generation.unwrap_or(1);
+    let desired = obj.spec.to_desired(
+        key.clone(),
+        generation,
+        resource_of(obj, ctx.settings.item_installation()),
+    );
+    // The status needs the item anyway: read it first, and write (a read
+    // and a conditional write of its own) only when it does not match.
+    let mut view = ctx.store.view(&key).await?;
+    let outcome = if view
+        .as_ref()
+        .is_some_and(|v| LeaseStore::mirrors(&v.record, &desired))
+    {
+        UpsertOutcome::Unchanged
+    } else {
+        let outcome = ctx.store.upsert_desired(&desired).await?;
+        if outcome == UpsertOutcome::Applied {
+            view = ctx.store.view(&key).await?;
+        }
+        outcome
+    };
+    let refused = match outcome {
+        UpsertOutcome::Refused { reason } => Some(match reason {
+            UpsertRefusal::StaleGeneration { stored } => format!(
+                "the lease table holds generation {stored} of this resource, newer than {generation}; not overwritten"
+            ),
+            UpsertRefusal::NewerResource { stored_uid } => format!(
+                "the lease table holds {key} for a newer resource (uid {stored_uid}); not overwritten"
+            ),
+            UpsertRefusal::Deleted => {
+                "this resource was deleted from the lease table; not resurrected".to_string()
+            }
+            UpsertRefusal::OtherInstallation { stored } => format!(
+                "the lease table holds {key} for installation '{stored}' (this is '{}'); not taken over",
+                ctx.settings.item_installation()
+            ),
+        }),
+        _ => None,
+    };
+    let status = status::compute(obj, view.as_ref(), None, refused.as_deref());
+    let previous = obj.status.clone();
+    let significant = status::significant_change(previous.as_ref(), &status);
+    if write_status(obj, ctx, status.clone(), significant).await? {
+        if let Some(message) = &refused {
+            publish(
+                ctx,
+                obj,
+                EventType::Warning,
+                "MirrorRefused",
+                message,
+                "Mirror",
+            )
+            .await;
+        }
+        announce(ctx, obj, previous.as_ref(), &status).await;
+    }
+    Ok(Action::requeue(ctx.settings.status_refresh))
+}
+
+/// Mark STOPPED, wait for the release (bounded), delete the item (a tombstone
+/// keeps the fencing token).
+async fn cleanup(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
+    let key = StreamKey::new(obj.namespace().unwrap_or_default(), obj.name_any());
+    if obj
+        .annotations()
+        .get(settings::SKIP_CLEANUP_ANNOTATION)
+        .is_some_and(|v| v == "true")
+    {
+        tracing::warn!(stream = %key, "cleanup skipped by annotation; the garbage collector deletes the item later");
+        publish(
+            ctx,
+            obj,
+            EventType::Warning,
+            "CleanupSkipped",
+            &format!(
+                "{} is set: the finalizer is removed without touching the lease table; the item is stopped and deleted by the garbage collector once the table answers",
+                settings::SKIP_CLEANUP_ANNOTATION
+            ),
+            "Cleanup",
+        )
+        .await;
+        return Ok(Action::await_change());
+    }
+    match cleanup_item(&key, obj, ctx).await {
+        Err(Error::Store(e)) => {
+            cleanup_blocked(obj, ctx, &e).await;
+            Err(Error::Store(e))
+        }
+        other => other,
+    }
+}
+
+/// The table did not answer during deletion: say so in status and once in
+/// an event, and keep retrying with backoff (the finalizer stays, so the
+/// stream is never left running without its resource).
+async fn cleanup_blocked(obj: &StreamConnection, ctx: &Context, e: &StoreError) {
+    let message = format!(
+        "cannot stop and delete the stream in the lease table ({e}); retrying with backoff. \
+         To remove the resource anyway, annotate it {}=true (the item is collected later)",
+        settings::SKIP_CLEANUP_ANNOTATION
+    );
+    let mut status = obj.status.clone().unwrap_or_default();
+    let already = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == status::READY && c.reason == "CleanupBlocked");
+    if already {
+        return;
+    }
+    status::set_ready(&mut status, false, "CleanupBlocked", &message);
+    if write_status(obj, ctx, status, true).await.is_ok() {
+        publish(
+            ctx,
+            obj,
+            EventType::Warning,
+            "CleanupBlocked",
+            &message,
+            "Cleanup",
+        )
+        .await;
+    }
+}
+
+async fn cleanup_item(
+    key: &StreamKey,
+    obj: &StreamConnection,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let key = key.clone();
+    let Some(record) = ctx.store.get(&key).await?.filter(|r| !r.is_tombstone()) else {
+        return Ok(Action::await_change());
+    };
+    // Another resource of this name owns the item now: leave it alone.
+    if record.uid.is_some() && record.uid != obj.metadata.uid {
+        return Ok(Action::await_change());
+    }
+    if record.desired_state != crate::lease::DesiredState::Stopped {
+        let mut spec = obj.spec.clone();
+        spec.desired_state = DesiredStateSpec::Stopped;
+        let generation = obj.metadata.generation.unwrap_or(1).max(record.generation);
+        ctx.store
+            .upsert_desired(&spec.to_desired(
+                key.clone(),
+                generation,
+                resource_of(obj, ctx.settings.item_installation()),
+            ))
+            .await?;
+    }
+    let alive = ctx.store.owner_alive(&record).await?;
+    let waited = obj
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| {
+            let since = k8s_openapi::jiff::Timestamp::now().duration_since(t.0);
+            Duration::try_from(since).unwrap_or_default()
+        })
+        .unwrap_or_default();
+    let force = waited >= RELEASE_WAIT;
+    match ctx.store.tombstone(&key, alive, force).await? {
+        TombstoneOutcome::StillOwned { owner } => return Err(Error::WaitingForRelease { owner }),
+        TombstoneOutcome::Deleted | TombstoneOutcome::NotFound => {}
+    }
+    if force && alive {
+        tracing::warn!(stream = %key, "owner did not release in time; deleted anyway (the owner is told and stops)");
+    }
+    lock(&ctx.last_write).remove(&key.to_string());
+    publish(
+        ctx,
+        obj,
+        EventType::Normal,
+        "Deleted",
+        "stream stopped and removed from the lease table",
+        "Cleanup",
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+/// Writes the status by server-side apply if it changed significantly, or if
+/// progress fields are stale. Returns whether it wrote.
+async fn write_status(
+    obj: &StreamConnection,
+    ctx: &Context,
+    status: StreamConnectionStatus,
+    significant: bool,
+) -> Result<bool, Error> {
+    let key = object_key(obj);
+    let stale_progress = obj.status.as_ref() != Some(&status) && {
+        let mut last = lock(&ctx.last_write);
+        // A new leader counts from its start, so a hand-over is not a burst
+        // of progress writes for every resource.
+        let since = *last.entry(key.clone()).or_insert_with(Instant::now);
+        since.elapsed() >= ctx.settings.progress_interval
+    };
+    if !significant && !stale_progress {
+        return Ok(false);
+    }
+    let api: Api<StreamConnection> =
+        Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "StreamConnection",
+        "status": status,
+    });
+    api.patch_status(
+        &obj.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    lock(&ctx.last_write).insert(key, Instant::now());
+    let kind = if significant { "change" } else { "progress" };
+    ctx.metrics
+        .status_writes
+        .get_or_create(&[("kind", kind)])
+        .inc();
+    Ok(true)
+}
+
+/// Events for ownership changes and failures.
+async fn announce(
+    ctx: &Context,
+    obj: &StreamConnection,
+    old: Option<&StreamConnectionStatus>,
+    new: &StreamConnectionStatus,
+) {
+    let old_owner = old.and_then(|s| s.owner.clone());
+    if new.owner != old_owner
+        && let Some(owner) = &new.owner
+    {
+        let note = match &old_owner {
+            Some(previous) => format!("owner changed from {previous} to {owner}"),
+            None => format!("acquired by {owner}"),
+        };
+        publish(ctx, obj, EventType::Normal, "Acquired", &note, "Acquire").await;
+    }
+    let old_phase = old.and_then(|s| s.phase.clone());
+    let failed = Some(crate::lease::Phase::Failed.as_str());
+    if new.phase.as_deref() == failed && old_phase.as_deref() != failed {
+        let message = new
+            .conditions
+            .iter()
+            .find(|c| c.type_ == status::READY)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        publish(ctx, obj, EventType::Warning, "Failed", &message, "Connect").await;
+    }
+}
+
+async fn publish(
+    ctx: &Context,
+    obj: &StreamConnection,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+    action: &str,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &obj.object_ref(&())).await {
+        tracing::debug!(error = %e, "could not publish an event");
+    }
+}
+
+/// Requeue after an error: quickly while waiting for a release, with
+/// exponential backoff otherwise.
+pub fn error_policy(obj: Arc<StreamConnection>, error: &Error, ctx: Arc<Context>) -> Action {
+    if let Error::WaitingForRelease { .. } = error {
+        return Action::requeue(RELEASE_POLL);
+    }
+    let key = object_key(&obj);
+    let attempt = {
+        let mut failures = lock(&ctx.failures);
+        let n = failures.entry(key.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let wait = crate::support::exponential(ERROR_BACKOFF_FIRST, ERROR_BACKOFF_MAX, attempt - 1);
+    tracing::warn!(object = %key, error = %error, category = error.category(), retry_in = ?wait, "reconcile failed");
+    Action::requeue(wait)
+}
+
+/// Checks the CRD is installed and readable; the process should exit if not.
+pub async fn check_crd(client: &Client) -> anyhow::Result<()> {
+    let api: Api<StreamConnection> = Api::all(client.clone());
+    api.list(&ListParams::default().limit(1)).await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot list StreamConnections ({e}): is the CRD installed? `tether crd | kubectl apply -f -` \
+             (or install the Helm chart with crds.enabled=true), and does the service account may list them?"
+        )
+    })?;
+    Ok(())
+}

@@ -1,0 +1,614 @@
+//! The acquisition pass, every reconcile interval: read the fleet, watch
+//! peers' heartbeats and declare the overdue ones dead, resolve acquires whose
+//! answer was lost, find orphans (unowned partitions, dead incarnations'
+//! partitions, version-1 leftovers during an upgrade), acquire up to the fair
+//! share, hand excess over, and audit this incarnation's own partitions.
+//!
+//! Reads cost O(workers + orphans) per pass, never O(streams): one fleet query,
+//! a few peers' items, and the unowned partitions only when something was
+//! released (a peer's `released_at_ms` moved), orphans were seen recently, or
+//! [`UNOWNED_SCAN_PERIOD`] passed.
+
+use super::fair_share::{AcquirePolicy, FleetView, Orphan, classify_free, handoff_count};
+use super::overdue::Observer;
+use crate::lease::{
+    AcquireFrom, AcquireOutcome, Checkpoints, DesiredState, FleetEntry, HOLDER_SHARDS, Incarnation,
+    Lease, Ownership, StoreError, StreamKey, StreamRecord, WorkerState, now_ms,
+};
+use crate::worker::fence::Fence;
+use crate::worker::settings::{
+    AUDIT_HEARTBEATS, CONTROL_SWEEP_AUDITS, HANDOFF_COOLDOWN_HEARTBEATS, REBALANCE_GRACE_INTERVALS,
+    SHARE_GRACE_INTERVALS, UNOWNED_SCAN_PERIOD,
+};
+use crate::worker::shared::Shared;
+use crate::worker::stream::StreamProgress;
+use crate::worker::stream::{HeldStream, HolderSignals, Registry};
+use futures::StreamExt;
+use rand::seq::SliceRandom;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// A departed incarnation this worker keeps an eye on (`departed`).
+pub(super) struct Ended {
+    pub(super) first_seen: Instant,
+    /// Its partitions were found empty at least once.
+    pub(super) emptied: bool,
+    pub(super) last_scan: Option<Instant>,
+}
+
+/// The LIVE incarnations of a fleet query.
+pub(super) fn live_incarnations(workers: &[FleetEntry]) -> Vec<Incarnation> {
+    workers
+        .iter()
+        .filter(|w| w.state == WorkerState::Live)
+        .map(|w| w.incarnation.clone())
+        .collect()
+}
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// Acquires in flight at once.
+const ACQUIRE_CONCURRENCY: usize = 16;
+/// A stream acquired (or adopted) and ready to be served.
+#[derive(Debug)]
+pub(crate) struct Acquired {
+    pub held: HeldStream,
+    pub record: StreamRecord,
+}
+
+/// A candidate orphan with how to take it.
+pub(super) struct Candidate {
+    pub(super) record: StreamRecord,
+    pub(super) from: AcquireFrom,
+    pub(super) orphan: Orphan,
+    /// The index partition it is taken from (for pacing).
+    pub(super) source: String,
+}
+
+pub(crate) struct Acquirer {
+    pub(super) ctx: Arc<Shared>,
+    pub(super) me: Incarnation,
+    pub(super) registry: Arc<Registry>,
+    pub(super) out: mpsc::UnboundedSender<Acquired>,
+    pub(super) observer: Observer,
+    pub(super) view: FleetView,
+    /// Acquires sent without an answer: key → the token they compared against.
+    pub(super) pending: HashMap<StreamKey, u64>,
+    /// Last state, `released_at_ms` and draining flag seen per worker.
+    pub(super) markers: HashMap<Incarnation, (WorkerState, Option<u64>, bool)>,
+    /// Dead incarnations' packed checkpoints, read once per takeover.
+    pub(super) dead_checkpoints: HashMap<Incarnation, Checkpoints>,
+    /// Departed incarnations still listed in the fleet.
+    pub(super) ended: HashMap<Incarnation, Ended>,
+    /// This incarnation's fence: nothing is acquired while it is closed.
+    pub(super) fence: Arc<Fence>,
+    pub(super) last_unowned_scan: Option<Instant>,
+    pub(super) orphans_seen: bool,
+    pub(super) last_full_refresh: Option<Instant>,
+    pub(super) last_audit: Instant,
+    /// Audits done so far (which share of the held streams the next one re-reads).
+    pub(super) audits: u64,
+    pub(super) last_handoff: Option<Instant>,
+    /// When this worker last acquired something.
+    pub(super) last_acquired: Option<Instant>,
+    pub(super) pacing: super::pacing::Pacing,
+    /// Items reported as malformed already (one log line each).
+    pub(super) reported: HashSet<String>,
+    /// Whether version 1's index exists (a rolling upgrade is under way).
+    pub(super) legacy_index: bool,
+}
+
+impl Acquirer {
+    pub(crate) fn new(
+        ctx: Arc<Shared>,
+        me: Incarnation,
+        registry: Arc<Registry>,
+        out: mpsc::UnboundedSender<Acquired>,
+        legacy_index: bool,
+        fence: Arc<Fence>,
+    ) -> Self {
+        let lease = ctx.settings.lease_duration;
+        Self {
+            ctx,
+            me,
+            registry,
+            out,
+            observer: Observer::new(lease),
+            view: FleetView::default(),
+            pending: HashMap::new(),
+            markers: HashMap::new(),
+            dead_checkpoints: HashMap::new(),
+            ended: HashMap::new(),
+            fence,
+            last_unowned_scan: None,
+            orphans_seen: true,
+            last_full_refresh: None,
+            last_audit: Instant::now(),
+            audits: 0,
+            last_handoff: None,
+            last_acquired: None,
+            pacing: super::pacing::Pacing::default(),
+            reported: HashSet::new(),
+            legacy_index,
+        }
+    }
+
+    /// One pass. Errors are logged by the caller; the next pass starts over.
+    pub(crate) async fn pass(&mut self) -> Result<(), StoreError> {
+        let fleet = self.ctx.store.fleet().await?;
+        for m in &fleet.malformed {
+            self.report_malformed(&m.pk, &m.detail);
+        }
+        let scan_triggered = self.read_markers(&fleet.workers);
+        self.watch_peers(&fleet.workers).await?;
+        self.resolve_pending().await;
+        if self.skew_exceeded() {
+            return Ok(());
+        }
+        let mut candidates = Vec::new();
+        let now = Instant::now();
+        let scan_unowned = scan_triggered
+            || self.orphans_seen
+            || self
+                .last_unowned_scan
+                .is_none_or(|t| now.duration_since(t) >= UNOWNED_SCAN_PERIOD);
+        if scan_unowned {
+            self.last_unowned_scan = Some(now);
+            for shard in 0..HOLDER_SHARDS {
+                let found = self.ctx.store.unowned(shard).await?;
+                self.take_found(found, &mut candidates, |r| {
+                    (r.desired_state == DesiredState::Started && r.ownership() == Ownership::Free)
+                        .then_some(AcquireFrom::Free)
+                });
+            }
+        }
+        if self.legacy_index
+            && let Some((found, store_now)) = self.legacy_orphans().await?
+        {
+            self.take_found(found, &mut candidates, |r| match r.ownership() {
+                Ownership::Free => Some(AcquireFrom::Free),
+                Ownership::Legacy {
+                    owner,
+                    expires_at_ms,
+                } if expires_at_ms < store_now => Some(AcquireFrom::LegacyExpired {
+                    owner,
+                    expires_at_ms,
+                }),
+                _ => None,
+            });
+        }
+        self.ended_candidates(&fleet.workers, &mut candidates)
+            .await?;
+        self.orphans_seen = !candidates.is_empty();
+        self.ctx
+            .metrics
+            .streams_unowned
+            .set(candidates.len() as i64);
+        self.acquire(candidates).await;
+        self.hand_over();
+        let audit_due = now.duration_since(self.last_audit)
+            >= self.ctx.settings.heartbeat_interval * AUDIT_HEARTBEATS;
+        if self.registry.take_audit_request() || audit_due {
+            self.last_audit = now;
+            self.audit().await?;
+            if audit_due {
+                self.find_vanished(&fleet.workers).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Notes each worker's state, release marker and draining flag; `true`
+    /// when anything suggests new orphans (a release, a departure, a death,
+    /// a worker starting to drain).
+    fn read_markers(&mut self, workers: &[FleetEntry]) -> bool {
+        let mut changed = false;
+        let mut seen = HashMap::new();
+        for w in workers {
+            let now = (w.state, w.released_at_ms, w.draining);
+            if w.incarnation != self.me && self.markers.get(&w.incarnation) != Some(&now) {
+                changed = true;
+            }
+            seen.insert(w.incarnation.clone(), now);
+        }
+        if seen.len() != self.markers.len() {
+            changed = true;
+        }
+        self.markers = seen;
+        changed
+    }
+
+    /// Version-1 orphans, with the store time they were judged against, while
+    /// the table still has version 1's index. `None` once the index is gone:
+    /// `tether table finish-upgrade` drops it while the workers that started
+    /// during the upgrade keep running, and a query of a missing index fails
+    /// every pass, so nothing released meanwhile would ever be acquired. On a
+    /// failed query the table is described again; only an index that is
+    /// really gone ends the version-1 takeover, any other error is the pass's.
+    async fn legacy_orphans(&mut self) -> Result<Option<(crate::lease::Found, u64)>, StoreError> {
+        let store_now = self.ctx.store.clock().store_now_at_least();
+        match self.ctx.store.legacy_orphans(store_now).await {
+            Ok(found) => Ok(Some((found, store_now))),
+            Err(e) => {
+                if self.ctx.store.check_table().await?.legacy_index {
+                    return Err(e);
+                }
+                tracing::info!(
+                    "version 1's index is gone (the upgrade was finished): no longer taking over version-1 leases"
+                );
+                self.legacy_index = false;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Settles acquires that got no answer: serve the ones that landed.
+    async fn resolve_pending(&mut self) {
+        let pending: Vec<(StreamKey, u64)> =
+            self.pending.iter().map(|(k, c)| (k.clone(), *c)).collect();
+        for (key, expected) in pending {
+            match self
+                .ctx
+                .store
+                .resolve_acquire(&key, expected, &self.me)
+                .await
+            {
+                Ok(Some((lease, record))) => {
+                    self.pending.remove(&key);
+                    tracing::info!(stream = %key, "an acquire whose answer was lost had landed: serving it");
+                    self.ctx
+                        .metrics
+                        .acquires
+                        .get_or_create(&[("result", "resolved")])
+                        .inc();
+                    self.adopt(lease, record, None);
+                }
+                Ok(None) => {
+                    self.pending.remove(&key);
+                }
+                Err(e) => tracing::debug!(stream = %key, error = %e, "acquire still unresolved"),
+            }
+        }
+    }
+
+    fn skew_exceeded(&self) -> bool {
+        let bounds = self.ctx.store.clock().bounds();
+        let exceeded = bounds.is_some_and(|b| b.exceeds(self.ctx.settings.max_clock_skew));
+        if let Some(b) = bounds {
+            self.ctx
+                .metrics
+                .clock_offset_seconds
+                .set(b.midpoint() as f64 / 1000.0);
+        }
+        let was = self.ctx.metrics.clock_skew_exceeded.get() == 1;
+        self.ctx
+            .metrics
+            .clock_skew_exceeded
+            .set(i64::from(exceeded));
+        if exceeded && !was {
+            tracing::error!(offset = ?bounds, budget = ?self.ctx.settings.max_clock_skew, "this clock disagrees with DynamoDB's by more than --max-clock-skew: not acquiring until it is fixed");
+        }
+        exceeded
+    }
+
+    pub(super) fn take_found(
+        &mut self,
+        found: crate::lease::Found,
+        candidates: &mut Vec<Candidate>,
+        from: impl Fn(&StreamRecord) -> Option<AcquireFrom>,
+    ) {
+        for m in found.malformed {
+            self.report_malformed(&m.pk, &m.detail);
+        }
+        let now = now_ms();
+        for record in found.records {
+            if record.is_tombstone() {
+                continue;
+            }
+            if let Some(from) = from(&record) {
+                let orphan = match from {
+                    AcquireFrom::Free => classify_free(&record, now),
+                    _ => Orphan::Crashed,
+                };
+                let source = record
+                    .holder
+                    .clone()
+                    .unwrap_or_else(|| record.key.unowned_holder());
+                candidates.push(Candidate {
+                    record,
+                    from,
+                    orphan,
+                    source,
+                });
+            }
+        }
+    }
+
+    fn report_malformed(&mut self, pk: &str, detail: &str) {
+        self.ctx.metrics.malformed_items.inc();
+        if self.reported.insert(pk.to_string()) {
+            tracing::error!(
+                item = pk,
+                detail,
+                "skipping a malformed item (fix or delete it; the rest are served)"
+            );
+        }
+    }
+
+    /// Acquires what the policy allows, concurrently, paced per source partition.
+    async fn acquire(&mut self, candidates: Vec<Candidate>) {
+        let held = self.registry.len();
+        let capacity = self.ctx.settings.max_connections.saturating_sub(held);
+        let mut seen = HashSet::new();
+        let mut candidates: Vec<Candidate> = candidates
+            .into_iter()
+            .filter(|c| seen.insert(c.record.key.clone()))
+            .filter(|c| {
+                !self.registry.contains(&c.record.key) && !self.pending.contains_key(&c.record.key)
+            })
+            .collect();
+        // A worker that cannot prove it is alive acquires nothing: a peer may
+        // be about to declare it dead, and a stream it took then would be lost.
+        if candidates.is_empty() || capacity == 0 || !self.fence.is_valid() {
+            return;
+        }
+        // Workers racing for the same orphans try them in different orders.
+        candidates.shuffle(&mut rand::rng());
+        let staying = self.registry.staying() as u64;
+        let fair = self
+            .ctx
+            .settings
+            .rebalance
+            .then(|| self.view.fair_share(staying, candidates.len() as u64));
+        let interval_ms = self.ctx.settings.reconcile_interval.as_millis() as u64;
+        let mut policy = AcquirePolicy {
+            below_share: fair.map(|f| f.saturating_sub(staying)),
+            share_grace_ms: interval_ms * u64::from(SHARE_GRACE_INTERVALS),
+            rebalance_grace_ms: interval_ms * u64::from(REBALANCE_GRACE_INTERVALS),
+        };
+        let rate = super::pacing::PARTITION_WRITE_BUDGET / self.view.live() as f64;
+        let mut chosen = Vec::new();
+        for c in candidates {
+            if chosen.len() >= capacity {
+                break;
+            }
+            if policy.allows(c.orphan) && self.pacing.take(&c.source, rate) {
+                policy.take();
+                chosen.push(c);
+            }
+        }
+        let store = &self.ctx.store;
+        let me = &self.me;
+        let fence = &self.fence;
+        let results: Vec<(Candidate, Result<AcquireOutcome, StoreError>)> =
+            futures::stream::iter(chosen)
+                .map(|c| async move {
+                    // Never past the fence: an answer after it could not be acted on.
+                    let r = tokio::select! {
+                        r = Box::pin(store.acquire(&c.record, &c.from, me)) => r,
+                        () = fence.closed() => Err(StoreError::Unreachable {
+                            endpoint: store.endpoint().to_string(),
+                            detail: "acquire still pending when the fence closed".into(),
+                        }),
+                    };
+                    (c, r)
+                })
+                .buffer_unordered(ACQUIRE_CONCURRENCY)
+                .collect()
+                .await;
+        for (c, result) in results {
+            let label = match result {
+                Ok(AcquireOutcome::Acquired { lease, record }) => {
+                    self.record_takeover(&c);
+                    let inherited = match &c.from {
+                        AcquireFrom::Dead { checkpoint, .. } => *checkpoint,
+                        _ => None,
+                    };
+                    tracing::info!(stream = %lease.key, token = lease.counter, from = ?c.orphan, "acquired");
+                    self.last_acquired = Some(Instant::now());
+                    self.adopt(lease, *record, inherited);
+                    "acquired"
+                }
+                Ok(AcquireOutcome::Taken { .. }) => "taken",
+                Ok(AcquireOutcome::NotStarted | AcquireOutcome::Gone) => "unavailable",
+                Err(e) => {
+                    // No answer: it may have landed. Resolve it next pass.
+                    tracing::warn!(stream = %c.record.key, error = %e, "acquire got no answer; resolving on the next pass");
+                    self.pending
+                        .insert(c.record.key.clone(), c.record.lease_counter);
+                    "error"
+                }
+            };
+            self.ctx
+                .metrics
+                .acquires
+                .get_or_create(&[("result", label)])
+                .inc();
+        }
+    }
+
+    fn record_takeover(&self, c: &Candidate) {
+        let now = now_ms();
+        match c.orphan {
+            Orphan::Crashed => {}
+            Orphan::Released { age_ms } | Orphan::Rebalanced { age_ms } if age_ms != u64::MAX => {
+                self.ctx
+                    .metrics
+                    .handoff_seconds
+                    .observe(age_ms as f64 / 1000.0);
+            }
+            _ => {}
+        }
+        if let AcquireFrom::LegacyExpired { expires_at_ms, .. } = c.from {
+            self.ctx
+                .metrics
+                .failover_seconds
+                .observe(now.saturating_sub(expires_at_ms) as f64 / 1000.0);
+        }
+    }
+
+    /// Registers a stream this incarnation owns and hands it to the main loop.
+    fn adopt(&mut self, lease: Lease, record: StreamRecord, inherited: Option<u64>) {
+        let checkpoint = record.last_seq.max(inherited);
+        let held = HeldStream {
+            progress: Arc::new(StreamProgress::new(checkpoint, record.last_seq)),
+            signals: HolderSignals::default(),
+            lease,
+        };
+        self.registry.insert(held.clone());
+        // The receiver only goes away when the worker stops; the stream then
+        // stays in this incarnation's partitions for the final audit.
+        let _ = self.out.send(Acquired { held, record });
+    }
+
+    /// Above the fair share while a peer is below it: hand some streams over.
+    fn hand_over(&mut self) {
+        if !self.ctx.settings.rebalance {
+            return;
+        }
+        // Peers publish their load once a heartbeat: right after streams moved
+        // (orphans around, or this worker just took some), the counts are stale
+        // and handing over would only move streams twice.
+        let cooldown = self.ctx.settings.heartbeat_interval * HANDOFF_COOLDOWN_HEARTBEATS;
+        let recent = |t: Option<Instant>| t.is_some_and(|t| t.elapsed() < cooldown);
+        if self.orphans_seen || recent(self.last_handoff) || recent(self.last_acquired) {
+            return;
+        }
+        let staying = self.registry.staying() as u64;
+        let fair = self.view.fair_share(staying, 0);
+        let count = handoff_count(staying, fair, self.view.peer_below(fair));
+        if count == 0 {
+            return;
+        }
+        let mut movable: Vec<HeldStream> = self
+            .registry
+            .snapshot()
+            .into_iter()
+            .filter(HeldStream::staying)
+            .collect();
+        movable.shuffle(&mut rand::rng());
+        let peers: Vec<(String, u64, bool)> = self
+            .view
+            .peers
+            .iter()
+            .map(|p| (p.incarnation.to_string(), p.held, p.progressing))
+            .collect();
+        tracing::info!(
+            held = staying,
+            fair,
+            count,
+            ?peers,
+            "handing streams over to rebalance the fleet"
+        );
+        for h in movable.into_iter().take(count as usize) {
+            tracing::debug!(stream = %h.lease.key, "handing stream over");
+            h.signals.handoff.cancel();
+        }
+        self.last_handoff = Some(Instant::now());
+    }
+
+    /// Reconciles this incarnation's streams with the table, level-triggered,
+    /// so a lost notification or a lost answer costs at most an audit period:
+    /// adopts what it owns but does not serve; has every held stream whose
+    /// index entry shows a change the holder has not acted on (STOPPED,
+    /// deleted, another token) re-read by its holder, and so every held
+    /// stream no longer in its partitions (taken or re-created); and, as
+    /// specs are not in the index, a rolling share of the rest, so each held
+    /// stream's item is re-read every [`CONTROL_SWEEP_AUDITS`] audits.
+    pub(crate) async fn audit(&mut self) -> Result<usize, StoreError> {
+        let found = self.ctx.store.held_by(&self.me).await?;
+        self.audits += 1;
+        let mut indexed = HashSet::new();
+        let mut adopted = 0;
+        for r in found.records {
+            if r.ownership() != Ownership::Owned(self.me.clone()) {
+                continue;
+            }
+            indexed.insert(r.key.clone());
+            if let Some(held) = self.registry.get(&r.key) {
+                if r.lease_counter != held.lease.counter
+                    || r.desired_state != DesiredState::Started
+                    || r.is_tombstone()
+                {
+                    held.signals.changed.notify_one();
+                }
+                continue;
+            }
+            // The index item lacks the spec: read the whole item.
+            let Some(full) = self.ctx.store.get(&r.key).await? else {
+                continue;
+            };
+            if full.ownership() != Ownership::Owned(self.me.clone())
+                || self.registry.contains(&full.key)
+            {
+                continue;
+            }
+            self.pending.remove(&full.key);
+            tracing::warn!(stream = %full.key, "owned but not served (an answer was lost or a task ended): serving it");
+            self.ctx
+                .metrics
+                .acquires
+                .get_or_create(&[("result", "adopted")])
+                .inc();
+            let lease = Lease {
+                key: full.key.clone(),
+                owner: self.me.clone(),
+                counter: full.lease_counter,
+            };
+            self.adopt(lease, full, None);
+            adopted += 1;
+        }
+        for held in self.registry.snapshot() {
+            let key = &held.lease.key;
+            if !indexed.contains(key) || sweep_turn(key, self.audits) {
+                held.signals.changed.notify_one();
+            }
+        }
+        Ok(adopted)
+    }
+
+    /// Declares dead every enrolled incarnation the fleet does not list (its
+    /// worker item is gone): its streams then move like any dead worker's
+    /// (see `lease::roster`). A false alarm costs one failed conditional put.
+    async fn find_vanished(&mut self, workers: &[FleetEntry]) -> Result<(), StoreError> {
+        let listed: HashSet<&Incarnation> = workers.iter().map(|w| &w.incarnation).collect();
+        for who in self.ctx.store.roster().await? {
+            if who == self.me || listed.contains(&who) {
+                continue;
+            }
+            if self.ctx.store.declare_vanished_dead(&who).await? {
+                self.ctx.metrics.workers_declared_dead.inc();
+                tracing::warn!(worker = %who, "an enrolled worker has no worker item (removed by TTL or by hand): declared dead, its streams move");
+            }
+        }
+        Ok(())
+    }
+
+    /// Streams this incarnation owns in the table (for the final shutdown audit).
+    pub(crate) async fn owned_in_table(&self) -> Result<Vec<StreamRecord>, StoreError> {
+        let found = self.ctx.store.held_by(&self.me).await?;
+        let mut owned = Vec::new();
+        for r in found.records {
+            if r.ownership() == Ownership::Owned(self.me.clone())
+                && let Some(full) = self.ctx.store.get(&r.key).await?
+                && full.ownership() == Ownership::Owned(self.me.clone())
+            {
+                owned.push(full);
+            }
+        }
+        Ok(owned)
+    }
+
+    pub(crate) fn me(&self) -> &Incarnation {
+        &self.me
+    }
+}
+
+/// Whether `key`'s item is re-read in audit number `audit`: each stream in one
+/// audit of every [`CONTROL_SWEEP_AUDITS`], spread evenly.
+fn sweep_turn(key: &StreamKey, audit: u64) -> bool {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish() % CONTROL_SWEEP_AUDITS == audit % CONTROL_SWEEP_AUDITS
+}
