@@ -12,6 +12,7 @@ use aws_sdk_dynamodb::operation::delete_item::builders::DeleteItemFluentBuilder;
 use aws_sdk_dynamodb::operation::put_item::builders::PutItemFluentBuilder;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemOutput;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValue};
+use std::collections::HashMap;
 
 /// A conditional write under construction. Placeholders are chosen by the
 /// caller (they read better in a guard than generated ones); a placeholder
@@ -125,30 +126,45 @@ impl Update {
         (!self.conditions.is_empty()).then(|| self.conditions.join(" AND "))
     }
 
+    /// The condition's parts as the SDK's builders take them: expression,
+    /// names, values (`None` when there are none, which DynamoDB requires).
+    fn guard(&self) -> Guard {
+        let names: HashMap<String, String> = self
+            .names
+            .iter()
+            .map(|(alias, attribute)| (alias.to_string(), attribute.to_string()))
+            .collect();
+        let values: HashMap<String, AttributeValue> = self.values.iter().cloned().collect();
+        (
+            self.condition(),
+            (!names.is_empty()).then_some(names),
+            (!values.is_empty()).then_some(values),
+        )
+    }
+
     /// The condition (with its names and values) on a PutItem.
-    pub(super) fn guard_put(&self, mut req: PutItemFluentBuilder) -> PutItemFluentBuilder {
-        req = req.set_condition_expression(self.condition());
-        for (alias, attribute) in &self.names {
-            req = req.expression_attribute_names(*alias, *attribute);
-        }
-        for (placeholder, value) in &self.values {
-            req = req.expression_attribute_values(placeholder, value.clone());
-        }
-        req
+    pub(super) fn guard_put(&self, req: PutItemFluentBuilder) -> PutItemFluentBuilder {
+        let (condition, names, values) = self.guard();
+        req.set_condition_expression(condition)
+            .set_expression_attribute_names(names)
+            .set_expression_attribute_values(values)
     }
 
     /// The condition (with its names and values) on a DeleteItem.
-    pub(super) fn guard_delete(&self, mut req: DeleteItemFluentBuilder) -> DeleteItemFluentBuilder {
-        req = req.set_condition_expression(self.condition());
-        for (alias, attribute) in &self.names {
-            req = req.expression_attribute_names(*alias, *attribute);
-        }
-        for (placeholder, value) in &self.values {
-            req = req.expression_attribute_values(placeholder, value.clone());
-        }
-        req
+    pub(super) fn guard_delete(&self, req: DeleteItemFluentBuilder) -> DeleteItemFluentBuilder {
+        let (condition, names, values) = self.guard();
+        req.set_condition_expression(condition)
+            .set_expression_attribute_names(names)
+            .set_expression_attribute_values(values)
     }
 }
+
+/// A condition expression with the names and values it uses.
+type Guard = (
+    Option<String>,
+    Option<HashMap<String, String>>,
+    Option<HashMap<String, AttributeValue>>,
+);
 
 impl LeaseStore {
     /// Sends `update` to the item `pk`, retried inside the store's deadline;
@@ -162,25 +178,20 @@ impl LeaseStore {
         returning: ReturnValue,
     ) -> Result<Result<UpdateItemOutput, ConditionFailed>, StoreError> {
         let expression = update.expression();
-        let condition = update.condition();
+        let (condition, names, values) = update.guard();
         let out = self
             .call(operation, Some(pk), || {
-                let mut req = self
-                    .client
+                self.client
                     .update_item()
                     .table_name(&self.table)
                     .key(attr::PK, s(pk))
                     .update_expression(&expression)
                     .set_condition_expression(condition.clone())
+                    .set_expression_attribute_names(names.clone())
+                    .set_expression_attribute_values(values.clone())
                     .return_values(returning.clone())
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
-                for (alias, attribute) in &update.names {
-                    req = req.expression_attribute_names(*alias, *attribute);
-                }
-                for (placeholder, value) in &update.values {
-                    req = req.expression_attribute_values(placeholder, value.clone());
-                }
-                req.send()
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
+                    .send()
             })
             .await?;
         if let Ok(o) = &out {

@@ -30,7 +30,7 @@ pub struct Batch<'a> {
 
 #[derive(Debug, Error)]
 pub enum SinkError {
-    #[error("sink answered HTTP {status}")]
+    #[error("sink answered HTTP {status}{}", redirect_note(.status))]
     Status { status: u16 },
     #[error("sink refused the fencing token (HTTP 409, Tether-Fenced: true): a newer owner exists")]
     Fenced,
@@ -90,5 +90,15 @@ impl Batching {
             linger: Duration::from_millis(linger_ms.into()),
             timeout: Duration::from_secs(timeout_seconds.max(1).into()),
         }
+    }
+}
+
+/// Redirects are not followed (a `Location` would bypass the host policy):
+/// a 3xx says so, so the stream's status tells the user what to change.
+fn redirect_note(status: &u16) -> &'static str {
+    if (300..400).contains(status) {
+        " (a redirect: sinks are not redirected; give the sink's final URL)"
+    } else {
+        ""
     }
 }

@@ -91,6 +91,10 @@ impl SinkClients {
         let mut options = async_nats::ConnectOptions::new()
             .name(&self.client_name)
             .connection_timeout(NATS_CONNECT_TIMEOUT)
+            // Only the server the spec names, which the host policy checked:
+            // servers a NATS server advertises (`connect_urls`) are a tenant's
+            // way to point reconnects at addresses the policy never saw.
+            .ignore_discovered_servers()
             .retry_on_initial_connect();
         if url.starts_with("tls://") {
             options = options.require_tls(true);
@@ -106,5 +110,66 @@ impl SinkClients {
             .map_err(|e| format!("NATS {url}: {e}"))?;
         clients.insert(key, client.clone());
         Ok(client)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    use tokio::net::TcpListener;
+
+    /// A NATS server a tenant controls: it advertises `advertised` as another
+    /// server of its cluster (`connect_urls`), completes one handshake, and
+    /// then goes away for good, so the client must reconnect somewhere.
+    async fn advertising_server(advertised: std::net::SocketAddr) -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let Ok((socket, _)) = listener.accept().await else {
+                return;
+            };
+            drop(listener);
+            let (read, mut write) = socket.into_split();
+            let info = format!(
+                "INFO {{\"server_id\":\"tenant\",\"server_name\":\"tenant\",\"version\":\"2.10.0\",\"proto\":1,\"host\":\"127.0.0.1\",\"port\":{},\"max_payload\":1048576,\"connect_urls\":[\"{advertised}\"]}}\r\n",
+                addr.port()
+            );
+            write.write_all(info.as_bytes()).await.unwrap();
+            let mut lines = BufReader::new(read).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.starts_with("PING") {
+                    let _ = write.write_all(b"PONG\r\n").await;
+                    break;
+                }
+            }
+            // Hang up: the client reconnects, to what it knows of.
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn servers_a_nats_server_advertises_are_never_dialled() {
+        crate::support::install_crypto_provider();
+        let (forbidden_addr, offered) = crate::support::counting_listener().await;
+        let server = advertising_server(forbidden_addr).await;
+        let clients = SinkClients::new(
+            reqwest::Client::new(),
+            SecretSource::Standalone,
+            "test".into(),
+        );
+        let _client = clients
+            .nats(&format!("nats://{server}"), "ns", "", async {
+                Ok(NatsAuth::None)
+            })
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            offered.load(Ordering::SeqCst),
+            0,
+            "the client reconnected to a server the tenant advertised"
+        );
     }
 }

@@ -12,3 +12,22 @@ pub use lock::lock;
 pub use quantile::quantile;
 pub use retry::{RetryPolicy, exponential};
 pub use tls::{aws_http_client, install_crypto_provider};
+
+/// For tests: an address that counts every connection it is offered (a
+/// forbidden target that must see none).
+#[cfg(test)]
+pub(crate) async fn counting_listener() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let offered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = offered.clone();
+    tokio::spawn(async move {
+        while let Ok((_socket, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    (addr, offered)
+}
