@@ -2,6 +2,7 @@
 //! environment variable, and every default is documented here and in `--help`.
 
 use crate::manifest::Validation;
+pub use crate::telemetry::LogFormat;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -46,12 +47,6 @@ pub struct Cli {
 
     #[command(subcommand)]
     pub command: Command,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 /// Where the lease table lives. The endpoint, region and credentials come from the

@@ -35,13 +35,13 @@ fn queried(text: &str) -> BTreeSet<String> {
 fn the_standard_process_metrics_are_exported_with_values() {
     let metrics = tether::metrics::Metrics::new();
     let text = metrics.encode_prometheus_text();
-    assert!(tether_testkit::fleet::metric_value(&text, "process_cpu_seconds_total").is_some());
+    assert!(tether_testkit::processes::metric_value(&text, "process_cpu_seconds_total").is_some());
     for name in [
         "process_resident_memory_bytes",
         "process_open_fds",
         "process_start_time_seconds",
     ] {
-        let value = tether_testkit::fleet::metric_value(&text, name);
+        let value = tether_testkit::processes::metric_value(&text, name);
         assert!(value.is_some_and(|v| v > 0.0), "{name}: {value:?}\n{text}");
     }
 }

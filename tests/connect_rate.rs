@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 use tether_testkit::bed::{Bed, BedOptions, eventually};
-use tether_testkit::fleet::metric_value;
+use tether_testkit::processes::metric_value;
 
 const EXE: &str = env!("CARGO_BIN_EXE_tether");
 

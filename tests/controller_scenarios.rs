@@ -214,7 +214,7 @@ async fn at_steady_state_a_reconcile_is_one_read_and_no_write_anywhere() {
     let mut current = obj;
     current.status = Some(serde_json::from_value(body["status"].clone()).unwrap());
     let count = |op: &str| {
-        tether_testkit::fleet::metric_sum(
+        tether_testkit::processes::metric_sum(
             &metrics.encode(),
             "tether_dynamodb_requests_total",
             &format!("operation=\"{op}\""),

@@ -241,7 +241,7 @@ async fn a_release_is_final_keeps_the_checkpoint_and_frees_the_stream_at_once() 
     assert_eq!(release().await.unwrap(), OwnerWrite::Done(()));
     let released = store.get(&record.key).await.unwrap().unwrap();
     assert_eq!(released.ownership(), Ownership::Free);
-    assert_eq!(released.last_seq, Some(42));
+    assert_eq!(released.checkpoint, Some(42));
     assert_eq!(released.release_reason, Some(ReleaseReason::Shutdown));
     assert_eq!(released.holder, Some(record.key.unowned_holder()));
     // Nothing the old owner still has in flight can touch it again.
@@ -260,7 +260,7 @@ async fn a_release_is_final_keeps_the_checkpoint_and_frees_the_stream_at_once() 
     let next = acquire(&store, &released, &worker(&store, "w2").await).await;
     assert_eq!(next.counter, lease.counter + 1);
     assert_eq!(
-        store.get(&record.key).await.unwrap().unwrap().last_seq,
+        store.get(&record.key).await.unwrap().unwrap().checkpoint,
         Some(42)
     );
 }
@@ -269,14 +269,14 @@ async fn a_release_is_final_keeps_the_checkpoint_and_frees_the_stream_at_once() 
 async fn checkpoints_never_move_last_seq_backwards_and_zero_is_a_checkpoint() {
     let store = fresh_store(None).await;
     let record = create(&store, "mono").await;
-    assert_eq!(record.last_seq, None, "no checkpoint yet");
+    assert_eq!(record.checkpoint, None, "no checkpoint yet");
     let lease = acquire(&store, &record, &worker(&store, "w1").await).await;
     assert_eq!(
         store.fold_checkpoint(&lease, 0).await.unwrap(),
         OwnerWrite::Done(())
     );
     assert_eq!(
-        store.get(&record.key).await.unwrap().unwrap().last_seq,
+        store.get(&record.key).await.unwrap().unwrap().checkpoint,
         Some(0)
     );
     store.fold_checkpoint(&lease, 10).await.unwrap();
@@ -285,7 +285,7 @@ async fn checkpoints_never_move_last_seq_backwards_and_zero_is_a_checkpoint() {
         OwnerWrite::Done(())
     );
     assert_eq!(
-        store.get(&record.key).await.unwrap().unwrap().last_seq,
+        store.get(&record.key).await.unwrap().unwrap().checkpoint,
         Some(10)
     );
     store
@@ -300,7 +300,7 @@ async fn checkpoints_never_move_last_seq_backwards_and_zero_is_a_checkpoint() {
         .unwrap();
     let released = store.get(&record.key).await.unwrap().unwrap();
     assert_eq!(
-        (released.last_seq, released.ownership()),
+        (released.checkpoint, released.ownership()),
         (Some(10), Ownership::Free)
     );
 }
@@ -362,7 +362,7 @@ async fn a_dead_incarnation_can_never_renew_and_its_streams_move_with_its_checkp
     {
         AcquireOutcome::Acquired { lease, record } => {
             assert_eq!(
-                record.last_seq,
+                record.checkpoint,
                 Some(77),
                 "the packed checkpoint moves into the item"
             );
@@ -488,7 +488,7 @@ async fn fencing_tokens_keep_growing_across_delete_and_recreate() {
     );
     // Re-created under the same name: a new stream (no checkpoint), higher tokens.
     let again = create(&store, "reborn").await;
-    assert_eq!(again.last_seq, None);
+    assert_eq!(again.checkpoint, None);
     let second = acquire(&store, &again, &me).await;
     assert!(
         second.counter > first.counter,
@@ -625,14 +625,14 @@ async fn control_plane_changes_reach_the_owner_and_never_touch_lease_fields() {
             &after.lease_owner,
             after.lease_expires_at_ms,
             after.lease_counter,
-            after.last_seq,
+            after.checkpoint,
             &after.holder
         ),
         (
             &before.lease_owner,
             before.lease_expires_at_ms,
             before.lease_counter,
-            before.last_seq,
+            before.checkpoint,
             &before.holder
         ),
         "the mirror never touches lease fields"
@@ -902,7 +902,7 @@ async fn a_new_identity_of_an_old_name_gets_a_higher_token_and_nothing_of_the_ol
         OwnerWrite::Done(())
     );
     let before = store.get(&first.key).await.unwrap().unwrap();
-    assert_eq!(before.last_seq, Some(50));
+    assert_eq!(before.checkpoint, Some(50));
     let mut second = desired("identity", DesiredState::Started, 1);
     second.ws_url = "ws://127.0.0.1:1/another-feed".into();
     second.resource = Some(ResourceIdentity {
@@ -919,7 +919,7 @@ async fn a_new_identity_of_an_old_name_gets_a_higher_token_and_nothing_of_the_ol
     );
     let after = store.get(&first.key).await.unwrap().unwrap();
     assert_eq!(after.uid.as_deref(), Some("uid-b"));
-    assert_eq!(after.last_seq, None, "no checkpoint of the old resource");
+    assert_eq!(after.checkpoint, None, "no checkpoint of the old resource");
     assert_eq!(after.lease_counter, before.lease_counter + 1);
     assert!(after.created_at_ms > before.created_at_ms);
     assert_eq!(
@@ -941,7 +941,7 @@ async fn a_new_identity_of_an_old_name_gets_a_higher_token_and_nothing_of_the_ol
     store.upsert_desired(&third).await.unwrap();
     let revived = store.get(&first.key).await.unwrap().unwrap();
     assert_eq!(revived.lease_counter, deleted.lease_counter + 1);
-    assert_eq!(revived.last_seq, None);
+    assert_eq!(revived.checkpoint, None);
 }
 
 /// A worker's heartbeat version only grows: an earlier renewal that lands

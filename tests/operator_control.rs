@@ -13,8 +13,8 @@ use std::time::Duration;
 use tether::lease::{DesiredState, LeaseStore, ResourceIdentity, StreamKey};
 use tether_testkit::bed::{eventually_or, loopback};
 use tether_testkit::dynamo_proxy::{DynamoFault, DynamoFaultProxy};
-use tether_testkit::fleet::{free_port, metric_sum};
 use tether_testkit::k8s::{self, Emulator};
+use tether_testkit::processes::{free_port, metric_sum};
 use tether_testkit::store::{endpoint, fresh_store};
 
 const NAMESPACE: &str = "feeds";

@@ -343,12 +343,21 @@ async fn a_restarted_container_takes_its_streams_back_at_once_not_after_a_lease(
         created.text().await.unwrap()
     );
     let names: Vec<String> = (0..4).map(|i| format!("r{i}")).collect();
+    // Resources, as users create them: in operator mode only the items of
+    // this installation's resources are served.
     for n in &names {
-        let spec = tether_testkit::fixtures::log_spec(&upstream.url(n));
-        store
-            .upsert_desired(&spec.to_desired(StreamKey::new("feeds", n.as_str()), 1, None))
+        let created = http
+            .post(format!("{}{PATH}", emulator.url))
+            .json(&json!({
+                "apiVersion": "tether.dev/v1alpha1",
+                "kind": "StreamConnection",
+                "metadata": {"name": n, "namespace": "feeds"},
+                "spec": {"url": upstream.url(n), "sink": {"log": {}}},
+            }))
+            .send()
             .await
             .unwrap();
+        assert!(created.status().is_success());
     }
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = emulator.kubeconfig(dir.path(), "feeds");
@@ -434,4 +443,124 @@ async fn a_restarted_container_takes_its_streams_back_at_once_not_after_a_lease(
         diagnostics()
     );
     assert!(upstream.overlaps().is_empty());
+}
+
+/// A confused deputy through the table: whoever can write the lease table
+/// (the CLI's policy grants UpdateItem) must not get a worker to serve an item
+/// no resource stands behind, nor to read a Secret of a namespace the item
+/// merely names. Both forged items are refused with a reason in their status;
+/// the upstream never sees them; the real resource keeps flowing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_written_straight_into_the_table_is_not_served_and_reads_no_secret() {
+    let emulator = Emulator::start();
+    let store = fresh_store(None).await;
+    let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("operator.log");
+    let mut operator = operator_command(&store, "op-d", dir.path(), &emulator)
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&log_path).unwrap()))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::new();
+    let diagnostics = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    // A Secret of another team's namespace, which the workers may read.
+    let stolen = "Bearer other-teams-token-77";
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "vault", "namespace": "bank"},
+        "data": {"token": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, stolen)},
+    });
+    let created = http
+        .post(format!("{}/api/v1/namespaces/bank/secrets", emulator.url))
+        .json(&secret)
+        .send()
+        .await
+        .unwrap();
+    assert!(created.status().is_success());
+    // A real resource, served as usual.
+    http.post(format!("{}{PATH}", emulator.url))
+        .json(&json!({
+            "apiVersion": "tether.dev/v1alpha1",
+            "kind": "StreamConnection",
+            "metadata": {"name": "legit", "namespace": "feeds"},
+            "spec": {"url": upstream.url("legit"), "sink": {"log": {}}},
+        }))
+        .send()
+        .await
+        .unwrap();
+    // Two items written straight into the table, naming that Secret: one
+    // with no resource at all, one claiming a UID no resource has.
+    let forged = |name: &str| {
+        let mut spec = tether_testkit::fixtures::log_spec(&upstream.url(name));
+        spec.headers = vec![tether::crd::HeaderSpec {
+            name: "Authorization".into(),
+            value_from: tether::crd::HeaderValueSource {
+                secret_key_ref: Some(tether::crd::SecretKeyRef {
+                    name: "vault".into(),
+                    key: "token".into(),
+                }),
+                env: None,
+            },
+        }];
+        spec
+    };
+    let no_resource = StreamKey::new("bank", "forged");
+    let made_up_uid = StreamKey::new("bank", "forged-uid");
+    store
+        .upsert_desired(&forged("forged").to_desired(no_resource.clone(), 1, None))
+        .await
+        .unwrap();
+    store
+        .upsert_desired(&forged("forged-uid").to_desired(
+            made_up_uid.clone(),
+            1,
+            Some(tether::lease::ResourceIdentity {
+                uid: "made-up-uid".into(),
+                created_ms: 1,
+                installation: "default".into(),
+            }),
+        ))
+        .await
+        .unwrap();
+    for key in [&no_resource, &made_up_uid] {
+        eventually_or(
+            Duration::from_secs(30),
+            &format!("{key} refused with a reason"),
+            || async {
+                store
+                    .get(key)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|r| r.status)
+                    .is_some_and(|s| s.reason.as_deref() == Some("UnverifiedOrigin"))
+            },
+            diagnostics,
+        )
+        .await;
+    }
+    eventually_or(
+        Duration::from_secs(30),
+        "the real resource is served",
+        || async { !upstream.sessions_of("legit").is_empty() },
+        diagnostics,
+    )
+    .await;
+    assert!(
+        upstream.sessions_of("forged").is_empty(),
+        "a forged item was dialled"
+    );
+    assert!(
+        upstream.sessions_of("forged-uid").is_empty(),
+        "a forged item was dialled"
+    );
+    assert!(
+        !diagnostics().contains("other-teams-token"),
+        "the Secret leaked"
+    );
+    let _ = operator.start_kill();
 }

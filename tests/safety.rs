@@ -12,7 +12,7 @@ use std::time::Duration;
 use tether::lease::{DeleteOutcome, Ownership};
 use tether_testkit::bed::{Bed, BedOptions, eventually, loopback};
 use tether_testkit::dynamo_proxy::{DynamoFault, DynamoFaultProxy};
-use tether_testkit::fleet::{WorkerProcess, metric_value};
+use tether_testkit::processes::{WorkerProcess, metric_value};
 use tether_testkit::sink::SinkFault;
 use tether_testkit::store::{endpoint, raw_client};
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tether::crd::StreamConnectionSpec;
 use tether_testkit::bed::{Bed, BedOptions, loopback, names};
 use tether_testkit::fixtures::{kinesis_spec, nats_spec};
-use tether_testkit::fleet::{FleetConfig, WorkerProcess, metric_sum};
+use tether_testkit::processes::{FleetConfig, WorkerProcess, metric_sum};
 use tether_testkit::proxy::{FaultProxy, ProxyMode};
 use tether_testkit::sink_servers::{Delivered, Kinesalite, NatsServer, check_stream};
 

@@ -17,7 +17,7 @@ use tether::lease::{
 use tether::metrics::StoreMetrics;
 use tether_testkit::bed::{Bed, loopback, names};
 use tether_testkit::fixtures::http_spec;
-use tether_testkit::fleet::FleetConfig;
+use tether_testkit::processes::FleetConfig;
 use tether_testkit::sink::VerifyingSink;
 use tether_testkit::store::{endpoint, raw_client, store_config, unique_table};
 use tether_testkit::upstream::start as start_upstream;
@@ -347,7 +347,7 @@ async fn a_version_1_table_is_upgraded_in_place_and_its_leases_are_honoured() {
     {
         AcquireOutcome::Acquired { lease, record } => {
             assert_eq!(lease.counter, 5);
-            assert_eq!(record.last_seq, Some(40));
+            assert_eq!(record.checkpoint, Some(40));
             assert_eq!(
                 record.lease_expires_at_ms,
                 tether::lease::OWNED_EXPIRY_MS,

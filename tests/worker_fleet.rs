@@ -9,7 +9,7 @@ use tether::crd::{DesiredStateSpec, LimitsSpec};
 use tether::lease::{DesiredState, Ownership, Phase, StreamKey};
 use tether_testkit::bed::{Bed, BedOptions, eventually, loopback};
 use tether_testkit::fixtures::http_spec;
-use tether_testkit::fleet::{WorkerProcess, metric_value};
+use tether_testkit::processes::{WorkerProcess, metric_value};
 use tether_testkit::proxy::{FaultProxy, ProxyMode};
 use tether_testkit::sink::SinkFault;
 use tether_testkit::store::endpoint;
@@ -378,7 +378,7 @@ async fn stopping_closes_and_releases_and_starting_again_resumes_without_gaps() 
         .await
         .unwrap()
         .unwrap()
-        .last_seq
+        .checkpoint
         .unwrap();
 
     bed.apply_spec("s-00", &bed.spec("s-00"), 3).await.unwrap();
@@ -400,7 +400,7 @@ async fn bad_upstreams_and_forbidden_sinks_are_reported_without_disturbing_good_
     let bed = bed().await;
     let faulty = FaultyUpstream::start(loopback()).await.unwrap();
     let sink = bed.sink_proxy.url();
-    let closed_port = tether_testkit::fleet::free_port().unwrap();
+    let closed_port = tether_testkit::processes::free_port().unwrap();
     let good = bed.apply("good", 2).await.unwrap();
     let apply = |name: &str, url: String| {
         let spec = http_spec(&url, &sink);

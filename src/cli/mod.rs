@@ -5,6 +5,7 @@ mod apply;
 pub mod demo;
 mod get;
 mod serve;
+mod settings;
 mod signal;
 mod store;
 mod table;
@@ -85,7 +86,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Worker(args) => {
             let open = open().await?;
             let secrets = crate::secrets::SecretSource::Standalone;
-            serve::worker(open, metrics, args, secrets, None, shutdown_signal()).await
+            serve::worker(
+                open,
+                metrics,
+                args,
+                secrets,
+                None,
+                crate::worker::Provenance::AnyItem,
+                shutdown_signal(),
+            )
+            .await
         }
         Command::Operator(args) => serve::operator(&cli.store, metrics, args).await,
         Command::Crd => {

@@ -1,17 +1,18 @@
 //! The long-running subcommands: `worker`, `operator`, `local-store`.
 
 use super::demo::feed::{Feed, FeedOptions};
+use super::settings::{controller_settings, worker_settings};
 use super::signal::shutdown_signal;
 use super::store::{OpenStore, open_store};
 use crate::config::{OperatorArgs, StoreArgs, WorkerArgs};
 use crate::egress::HostPolicy;
 use crate::embedded::EmbeddedStore;
-use crate::http::Health;
 use crate::lease::Caller;
 use crate::metrics::Metrics;
+use crate::probes::Health;
 use crate::secrets::SecretSource;
-use crate::worker::PodLookup;
-use crate::worker::{WorkerCtx, WorkerSettings};
+use crate::worker::WorkerCtx;
+use crate::worker::{PodLookup, Provenance};
 use anyhow::{Context, bail};
 use std::net::SocketAddr;
 use std::path::Path;
@@ -59,9 +60,10 @@ pub(super) async fn worker(
     args: WorkerArgs,
     secrets: SecretSource,
     pod: Option<PodLookup>,
+    provenance: Provenance,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let settings = WorkerSettings::from_args(&args)?;
+    let settings = worker_settings(&args)?;
     let _emf = args.emf_namespace.clone().map(|namespace| {
         tokio_util::task::AbortOnDropHandle::new(tokio::spawn(crate::emf::run(
             namespace,
@@ -74,7 +76,7 @@ pub(super) async fn worker(
     // The table is checked by the worker itself, which waits (not ready)
     // while DynamoDB does not answer and fails clearly when the table is
     // missing; the metrics server is up meanwhile for the probes.
-    let listener = crate::http::bind(args.metrics_addr)
+    let listener = crate::probes::bind(args.metrics_addr)
         .await
         .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
@@ -83,17 +85,20 @@ pub(super) async fn worker(
         open.store.clock(),
         settings.max_clock_skew,
     ));
-    let ctx = Arc::new(WorkerCtx::new(
-        settings,
-        open.store.clone(),
-        metrics.worker.clone(),
-        HostPolicy::new(args.allow_hosts.clone()).deny(&args.deny_cidrs),
-        HostPolicy::new(args.allow_sink_hosts.clone()).deny(&args.deny_cidrs),
-        secrets,
-        pod,
-    )?);
+    let ctx = Arc::new(
+        WorkerCtx::new(
+            settings,
+            open.store.clone(),
+            metrics.worker.clone(),
+            HostPolicy::new(args.allow_hosts.clone()).deny(&args.deny_cidrs),
+            HostPolicy::new(args.allow_sink_hosts.clone()).deny(&args.deny_cidrs),
+            secrets,
+            pod,
+        )?
+        .serving_only(provenance),
+    );
     let stop_server = tokio_util::sync::CancellationToken::new();
-    let mut server = std::pin::pin!(tokio::spawn(crate::http::serve(
+    let mut server = std::pin::pin!(tokio::spawn(crate::probes::serve(
         listener,
         metrics.clone(),
         health.clone(),
@@ -142,10 +147,13 @@ pub(super) async fn operator(
             shutdown.cancel();
         }
     });
+    let settings = controller_settings(&instance, &controller_args);
+    // The worker serves only items of this installation's resources.
+    let provenance = Provenance::resources(client.clone(), settings.item_installation());
     let ctx = Arc::new(crate::controller::Context::new(
         client.clone(),
         open.store.clone(),
-        crate::controller::ControllerSettings::new(&instance, &controller_args),
+        settings,
         metrics.controller.clone(),
     ));
     let mut controller = tokio::spawn(crate::controller::run(ctx, shutdown.clone()));
@@ -156,6 +164,7 @@ pub(super) async fn operator(
         args,
         SecretSource::Kubernetes(client),
         pod,
+        provenance,
         shutdown.clone().cancelled_owned(),
     );
     tokio::pin!(worker);

@@ -12,9 +12,9 @@
 mod gc;
 mod leader;
 mod reconcile;
+mod resource_status;
 mod run;
 mod settings;
-mod status;
 
 pub use reconcile::{
     Context, Error, FIELD_MANAGER, FINALIZER, RELEASE_WAIT, check_crd, error_policy, reconcile,

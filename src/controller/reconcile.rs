@@ -2,8 +2,8 @@
 //! (or refuse it with a reason), write its status from the table, and on
 //! deletion release and tombstone its item behind the finalizer.
 
+use super::resource_status;
 use super::settings::{self, ControllerSettings};
-use super::status;
 use crate::crd::{DesiredStateSpec, StreamConnection, StreamConnectionStatus};
 use crate::lease::{
     LeaseStore, ResourceIdentity, StoreError, StreamKey, TombstoneOutcome, UpsertOutcome,
@@ -184,7 +184,7 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join("; ");
-        let status = status::compute(obj, None, Some(&message), None);
+        let status = resource_status::compute(obj, None, Some(&message), None);
         if write_status(obj, ctx, status, true).await? {
             publish(
                 ctx,
@@ -238,9 +238,9 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
         }),
         _ => None,
     };
-    let status = status::compute(obj, view.as_ref(), None, refused.as_deref());
+    let status = resource_status::compute(obj, view.as_ref(), None, refused.as_deref());
     let previous = obj.status.clone();
-    let significant = status::significant_change(previous.as_ref(), &status);
+    let significant = resource_status::significant_change(previous.as_ref(), &status);
     if write_status(obj, ctx, status.clone(), significant).await? {
         if let Some(message) = &refused {
             publish(
@@ -304,11 +304,11 @@ async fn cleanup_blocked(obj: &StreamConnection, ctx: &Context, e: &StoreError) 
     let already = status
         .conditions
         .iter()
-        .any(|c| c.type_ == status::READY && c.reason == "CleanupBlocked");
+        .any(|c| c.type_ == resource_status::READY && c.reason == "CleanupBlocked");
     if already {
         return;
     }
-    status::set_ready(&mut status, false, "CleanupBlocked", &message);
+    resource_status::set_ready(&mut status, false, "CleanupBlocked", &message);
     if write_status(obj, ctx, status, true).await.is_ok() {
         publish(
             ctx,
@@ -442,7 +442,7 @@ async fn announce(
         let message = new
             .conditions
             .iter()
-            .find(|c| c.type_ == status::READY)
+            .find(|c| c.type_ == resource_status::READY)
             .map(|c| c.message.clone())
             .unwrap_or_default();
         publish(ctx, obj, EventType::Warning, "Failed", &message, "Connect").await;

@@ -1,6 +1,5 @@
-//! The controller's settings, from `tether operator`'s flags.
+//! The controller's settings (`cli` reads them from `tether operator`'s flags).
 
-use crate::config::ControllerArgs;
 use std::time::Duration;
 
 /// Label that assigns a resource to an installation (see `--installation`).
@@ -25,24 +24,6 @@ pub struct ControllerSettings {
 }
 
 impl ControllerSettings {
-    pub fn new(instance: &str, args: &ControllerArgs) -> Self {
-        Self {
-            instance: instance.to_string(),
-            installation: args.installation.clone(),
-            namespaces: args
-                .watch_namespaces
-                .iter()
-                .map(|n| n.trim().to_string())
-                .filter(|n| !n.is_empty())
-                .collect(),
-            status_refresh: args.status_refresh,
-            progress_interval: args.status_progress_interval,
-            leader_namespace: args.leader_namespace.clone(),
-            leader_lease: args.leader_lease,
-            gc_grace: args.gc_grace,
-        }
-    }
-
     /// The label selector of this installation's resources.
     pub fn label_selector(&self) -> String {
         if self.installation.is_empty() {

@@ -16,11 +16,11 @@ use super::keys::Incarnation;
 use super::record::{
     AcquireFrom, AcquireOutcome, DesiredState, Lease, OWNED_EXPIRY_MS, Ownership, StreamRecord,
 };
-use super::status::Phase;
+use super::session_status::Phase;
 use super::update::Update;
 use aws_sdk_dynamodb::types::ReturnValue;
 
-/// An acquire whose checkpoint carry-over lost to a higher stored checkpoint is
+/// An acquire whose dead owner's checkpoint lost to a higher stored checkpoint is
 /// retried once without it.
 const MAX_ACQUIRE_ATTEMPTS: usize = 2;
 
@@ -37,7 +37,7 @@ impl LeaseStore {
         let key = &observed.key;
         let pk = key.pk();
         let expected = observed.lease_counter;
-        let mut carry = match from {
+        let mut dead_owner_checkpoint = match from {
             AcquireFrom::Dead { checkpoint, .. } => *checkpoint,
             _ => None,
         };
@@ -80,9 +80,11 @@ impl LeaseStore {
             update.set(attr::HOLDER, ":holder", s(me.holder_of(key)));
             update.set(attr::PHASE, ":pending", s(Phase::Pending.as_str()));
             update.set(attr::ACQUIRED_AT_MS, ":now", n(now_ms()));
-            if let Some(seq) = carry {
-                update.set(attr::LAST_SEQ, ":carry", n(seq));
-                update.require("(attribute_not_exists(last_seq) OR last_seq < :carry)");
+            if let Some(seq) = dead_owner_checkpoint {
+                update.set(attr::LAST_SEQ, ":dead_owner_checkpoint", n(seq));
+                update.require(
+                    "(attribute_not_exists(last_seq) OR last_seq < :dead_owner_checkpoint)",
+                );
             }
             for stale in [
                 attr::STATUS_REASON,
@@ -122,12 +124,15 @@ impl LeaseStore {
                 return Ok(AcquireOutcome::NotStarted);
             }
             // Still exactly as observed, only the stored checkpoint is at least
-            // the one we carried: take it without the carry.
+            // the one we carried: take it without the dead owner's checkpoint.
             let unchanged = current.lease_counter == expected
                 && current.lease_owner == observed.lease_owner
                 && current.lease_expires_at_ms == observed.lease_expires_at_ms;
-            if carry.is_some() && unchanged && current.last_seq >= carry {
-                carry = None;
+            if dead_owner_checkpoint.is_some()
+                && unchanged
+                && current.checkpoint >= dead_owner_checkpoint
+            {
+                dead_owner_checkpoint = None;
                 continue;
             }
             return Ok(AcquireOutcome::Taken {

@@ -6,7 +6,7 @@ use super::record::{
     Checkpoint, Checkpoints, DesiredState, FleetEntry, InboxEntry, PodIdentity, StreamRecord,
     WorkerRecord, WorkerState,
 };
-use super::status::{Phase, ReleaseReason, SessionStatus};
+use super::session_status::{Phase, ReleaseReason, SessionStatus};
 use aws_sdk_dynamodb::types::AttributeValue;
 use std::collections::HashMap;
 
@@ -205,7 +205,7 @@ pub fn stream_record(item: &Item) -> Result<StreamRecord, Malformed> {
         lease_owner: r.text(attr::LEASE_OWNER),
         lease_expires_at_ms: r.number(attr::LEASE_EXPIRES_AT_MS)?.unwrap_or(0),
         lease_counter: r.number(attr::LEASE_COUNTER)?.unwrap_or(0),
-        last_seq: r.number(attr::LAST_SEQ)?,
+        checkpoint: r.number(attr::LAST_SEQ)?,
         holder: r.text(attr::HOLDER),
         released_at_ms: r.soft_number(attr::RELEASED_AT_MS),
         release_reason: r
@@ -361,14 +361,14 @@ mod tests {
             (attr::LEASE_EXPIRES_AT_MS, n(0)),
         ]))
         .unwrap();
-        assert_eq!(r.last_seq, None);
+        assert_eq!(r.checkpoint, None);
         let r = stream_record(&item(&[
             (attr::PK, s("CONN#a/b")),
             (attr::DESIRED_STATE, s("STARTED")),
             (attr::LAST_SEQ, n(0)),
         ]))
         .unwrap();
-        assert_eq!(r.last_seq, Some(0));
+        assert_eq!(r.checkpoint, Some(0));
     }
 
     #[test]

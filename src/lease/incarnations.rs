@@ -69,7 +69,7 @@ pub enum RenewOutcome {
 
 /// The fleet as the index shows it.
 #[derive(Debug, Default)]
-pub struct Fleet {
+pub struct WorkerItems {
     pub workers: Vec<FleetEntry>,
     pub malformed: Vec<Malformed>,
 }
@@ -250,7 +250,7 @@ impl LeaseStore {
     }
 
     /// Every worker item (the `WORKERS` index partition).
-    pub async fn fleet(&self) -> Result<Fleet, StoreError> {
+    pub async fn fleet(&self) -> Result<WorkerItems, StoreError> {
         let items = self
             .query_partition(PartitionQuery {
                 operation: "query_fleet",
@@ -260,7 +260,7 @@ impl LeaseStore {
                 sort_below: None,
             })
             .await?;
-        let mut fleet = Fleet::default();
+        let mut fleet = WorkerItems::default();
         for item in items {
             match fleet_entry(&item) {
                 Ok(w) => fleet.workers.push(w),

@@ -27,7 +27,7 @@ mod pages;
 mod reads;
 mod record;
 mod roster;
-mod status;
+mod session_status;
 mod update;
 mod view;
 
@@ -38,7 +38,7 @@ pub use client::{
 pub use clock::{ClockGauge, OffsetBounds, now_ms};
 pub use control::{DeleteOutcome, TombstoneOutcome};
 pub use error::StoreError;
-pub use incarnations::{Fleet, RenewOutcome, Renewal};
+pub use incarnations::{RenewOutcome, Renewal, WorkerItems};
 pub use keys::{
     CHECKPOINT_PK_PREFIX, FLEET_HOLDER, HOLDER_SHARDS, Incarnation, STREAM_PK_PREFIX, StreamKey,
     UNOWNED_HOLDER_PREFIX, WORKER_PK_PREFIX, unowned_holder, valid_worker_id, worker_id_of,
@@ -49,5 +49,5 @@ pub use record::{
     InboxEntry, Lease, OWNED_EXPIRY_MS, OwnerWrite, Ownership, PodIdentity, ResourceIdentity,
     StreamRecord, UpsertOutcome, UpsertRefusal, WorkerRecord, WorkerState,
 };
-pub use status::{Phase, ReleaseReason, SessionStatus};
+pub use session_status::{Phase, ReleaseReason, SessionStatus};
 pub use view::{OwnerView, StreamView};

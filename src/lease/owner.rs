@@ -8,7 +8,7 @@ use super::clock::now_ms;
 use super::codec::{attr, n, s};
 use super::error::StoreError;
 use super::record::{DesiredState, Lease, OWNED_EXPIRY_MS, OwnerWrite, Ownership, StreamRecord};
-use super::status::{ReleaseReason, SessionStatus};
+use super::session_status::{ReleaseReason, SessionStatus};
 use super::update::Update;
 use aws_sdk_dynamodb::types::ReturnValue;
 
@@ -180,7 +180,7 @@ impl LeaseStore {
                     Found::Lost => return Ok(OwnerWrite::Lost),
                     Found::StillOurs(current) => {
                         desired = current.desired_state;
-                        if current.last_seq > checkpoint {
+                        if current.checkpoint > checkpoint {
                             checkpoint = None;
                         }
                     }

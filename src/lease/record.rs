@@ -2,7 +2,7 @@
 //! checkpoints, and the typed outcomes of every write.
 
 use super::keys::{Incarnation, StreamKey};
-use super::status::{ReleaseReason, SessionStatus};
+use super::session_status::{ReleaseReason, SessionStatus};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -70,9 +70,10 @@ pub struct StreamRecord {
     pub lease_expires_at_ms: u64,
     /// The fencing token: +1 on every acquire, never lower for a stream name.
     pub lease_counter: u64,
-    /// The checkpoint persisted on the item (`None`: nothing acknowledged yet).
+    /// The checkpoint stored on the item, attribute `last_seq` (`None`:
+    /// nothing acknowledged yet).
     /// While owned, the owner's packed checkpoints may be ahead of it.
-    pub last_seq: Option<u64>,
+    pub checkpoint: Option<u64>,
     /// The `by_holder` index partition the item is in.
     pub holder: Option<String>,
     pub released_at_ms: Option<u64>,
@@ -358,7 +359,7 @@ mod tests {
             lease_owner: owner.map(Into::into),
             lease_expires_at_ms: expires,
             lease_counter: 3,
-            last_seq: Some(9),
+            checkpoint: Some(9),
             holder: None,
             released_at_ms: None,
             release_reason: None,

@@ -85,7 +85,7 @@ fn combine(
         ),
     };
     StreamView {
-        checkpoint: record.last_seq.max(packed),
+        checkpoint: record.checkpoint.max(packed),
         record,
         owner,
     }

@@ -13,7 +13,13 @@ mod propagate;
 
 pub use propagate::{inject_http, inject_nats};
 
-use crate::config::LogFormat;
+/// How log lines are written (`--log-format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;

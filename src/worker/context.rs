@@ -6,7 +6,7 @@ use super::error::WorkerError;
 use super::incarnation::PodLookup;
 use super::settings::WorkerSettings;
 use super::shared::Shared;
-use super::stream::{ConnectLimiter, Dialer, Sessions, WebSocketSessions, tls_config};
+use super::stream::{ConnectLimiter, Dialer, Provenance, Sessions, WebSocketSessions, tls_config};
 use crate::egress::{HostPolicy, PolicyResolver};
 use crate::lease::LeaseStore;
 use crate::metrics::WorkerMetrics;
@@ -32,6 +32,8 @@ pub struct WorkerCtx {
     pub pod: Option<PodLookup>,
     /// What a held stream runs (WebSocket sessions).
     pub sessions: Arc<dyn Sessions>,
+    /// Which items may be served (every item, unless [`WorkerCtx::serving_only`]).
+    pub provenance: Arc<Provenance>,
 }
 
 impl WorkerCtx {
@@ -67,7 +69,15 @@ impl WorkerCtx {
             }),
             pod,
             sessions: Arc::new(WebSocketSessions),
+            provenance: Arc::new(Provenance::AnyItem),
         })
+    }
+
+    /// The same worker serving only the items `provenance` admits (operator
+    /// mode: this installation's resources).
+    pub fn serving_only(mut self, provenance: Provenance) -> Self {
+        self.provenance = Arc::new(provenance);
+        self
     }
 
     /// The same worker running `sessions` instead of WebSocket sessions.

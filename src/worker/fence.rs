@@ -234,7 +234,7 @@ async fn watch_deadline(
 
 /// `lease_duration - fence_margin`, or an error when that leaves no room for
 /// at least two renewals (one failed renewal must not fence a worker).
-pub(super) fn fence_window(
+pub fn fence_window(
     lease_duration: Duration,
     fence_margin: Duration,
     heartbeat_interval: Duration,

@@ -28,10 +28,11 @@ mod stream;
 
 pub use context::WorkerCtx;
 pub use error::WorkerError;
+pub use fence::fence_window;
 pub use incarnation::PodLookup;
 pub use run::run;
 pub use settings::{WorkerSettings, default_worker_id};
 pub use stream::{
-    READ_BUFFER_BYTES, SessionConfig, SessionControl, SessionDeps, SessionEnd, Sessions,
-    StreamProgress, tls_config,
+    Origin, Provenance, READ_BUFFER_BYTES, SessionConfig, SessionControl, SessionDeps, SessionEnd,
+    Sessions, StreamProgress, tls_config,
 };

@@ -8,8 +8,8 @@ use super::error::WorkerError;
 use super::fence::{Fence, Sent};
 use super::incarnation::{Liveness, LivenessEnd};
 use super::stream::{Holder, HolderEnd, Registry, SessionDeps};
-use crate::http::Health;
 use crate::lease::{Incarnation, LeaseStore, OwnerWrite, ReleaseReason, SessionStatus, StoreError};
+use crate::probes::Health;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -157,6 +157,7 @@ async fn incarnation(
         kinesis_streams: ctx.shared.settings.kinesis_streams.clone(),
         metrics: ctx.shared.metrics.clone(),
         fence: fence.clone(),
+        provenance: ctx.provenance.clone(),
     });
     let stop_liveness = CancellationToken::new();
     // Every task of an incarnation is aborted when it is dropped: none outlives it.
@@ -375,8 +376,8 @@ async fn final_audit(ctx: &WorkerCtx, registry: &Registry, acquirer: &Acquirer) 
         };
         let checkpoint = registry
             .get(&record.key)
-            .and_then(|h| h.progress.acked())
-            .max(record.last_seq);
+            .and_then(|h| h.progress.checkpoint())
+            .max(record.checkpoint);
         let status = SessionStatus {
             reason: Some("OwnerShutdown".into()),
             ..SessionStatus::default()

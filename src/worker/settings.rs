@@ -1,9 +1,5 @@
 //! Validated worker settings and the named multiples of time the worker uses.
 
-use super::error::WorkerError;
-use super::fence::fence_window;
-use crate::config::WorkerArgs;
-use crate::lease::valid_worker_id;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -64,65 +60,6 @@ pub struct WorkerSettings {
     pub connect_burst: u32,
     /// Which Kinesis data streams each namespace may write to.
     pub kinesis_streams: crate::egress::KinesisStreams,
-}
-
-impl WorkerSettings {
-    pub fn from_args(args: &WorkerArgs) -> Result<Self, WorkerError> {
-        let WorkerArgs {
-            worker_id,
-            lease_duration,
-            heartbeat_interval,
-            reconcile_interval,
-            max_clock_skew,
-            fence_margin,
-            max_connections,
-            metrics_addr: _,
-            drain_timeout,
-            allow_hosts: _,
-            allow_sink_hosts: _,
-            kinesis_streams,
-            deny_cidrs: _,
-            no_rebalance,
-            ca_file,
-            connect_rate,
-            connect_burst,
-            emf_namespace: _,
-            emf_interval: _,
-        } = args;
-        if !(connect_rate.is_finite() && *connect_rate >= 0.0) {
-            return Err(WorkerError::Settings(format!(
-                "--connect-rate {connect_rate}: use a number of connects per second, 0 for no limit"
-            )));
-        }
-        if heartbeat_interval.is_zero() || reconcile_interval.is_zero() {
-            return Err(WorkerError::Settings(
-                "--heartbeat-interval and --reconcile-interval must be positive".into(),
-            ));
-        }
-        let fence_window = fence_window(*lease_duration, *fence_margin, *heartbeat_interval)
-            .map_err(WorkerError::Settings)?;
-        let worker_id = worker_id.clone().unwrap_or_else(default_worker_id);
-        if !valid_worker_id(&worker_id) {
-            return Err(WorkerError::Settings(format!(
-                "--worker-id '{worker_id}': use at most 128 letters, digits, '.', '_' or '-'"
-            )));
-        }
-        Ok(Self {
-            worker_id,
-            lease_duration: *lease_duration,
-            heartbeat_interval: *heartbeat_interval,
-            reconcile_interval: *reconcile_interval,
-            fence_window,
-            max_clock_skew: *max_clock_skew,
-            max_connections: *max_connections,
-            drain_timeout: *drain_timeout,
-            rebalance: !no_rebalance,
-            ca_file: ca_file.clone(),
-            connect_rate: *connect_rate,
-            connect_burst: *connect_burst,
-            kinesis_streams: crate::egress::KinesisStreams::new(kinesis_streams.clone()),
-        })
-    }
 }
 
 /// `$POD_NAME` in Kubernetes; elsewhere the host name. Each process adds its

@@ -4,7 +4,7 @@
 //! worker processes.
 
 use crate::fixtures::http_spec;
-use crate::fleet::FleetConfig;
+use crate::processes::FleetConfig;
 use crate::sink::{SinkProxy, VerifyingSink};
 use crate::store::{endpoint, fresh_store};
 use crate::upstream::{FeedOptions, TestUpstream};

@@ -17,7 +17,7 @@
 
 use crate::bed::{Bed, loopback};
 use crate::dynamo_proxy::{DynamoFault, DynamoFaultProxy};
-use crate::fleet::WorkerProcess;
+use crate::processes::WorkerProcess;
 use crate::sink::SinkFault;
 use crate::store::endpoint;
 use aws_sdk_dynamodb::types::AttributeValue;

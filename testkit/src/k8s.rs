@@ -84,7 +84,7 @@ pub fn operator_command(
     lease: Duration,
     heartbeat: Duration,
 ) -> tokio::process::Command {
-    let metrics = crate::fleet::free_port().expect("a free port");
+    let metrics = crate::processes::free_port().expect("a free port");
     operator_command_at(exe, table, id, kubeconfig, lease, heartbeat, metrics)
 }
 

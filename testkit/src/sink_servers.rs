@@ -3,7 +3,7 @@
 //! `nats-server`). `scripts/test` installs both; each read-back returns what a
 //! consumer of the server would see, as [`Delivered`] records.
 
-use crate::fleet::free_port;
+use crate::processes::free_port;
 use aws_sdk_kinesis::types::ShardIteratorType;
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -400,13 +400,13 @@ impl Acquirer {
             let label = match result {
                 Ok(AcquireOutcome::Acquired { lease, record }) => {
                     self.record_takeover(&c);
-                    let inherited = match &c.from {
+                    let dead_owner_checkpoint = match &c.from {
                         AcquireFrom::Dead { checkpoint, .. } => *checkpoint,
                         _ => None,
                     };
                     tracing::info!(stream = %lease.key, token = lease.counter, from = ?c.orphan, "acquired");
                     self.last_acquired = Some(Instant::now());
-                    self.adopt(lease, *record, inherited);
+                    self.adopt(lease, *record, dead_owner_checkpoint);
                     "acquired"
                 }
                 Ok(AcquireOutcome::Taken { .. }) => "taken",
@@ -448,10 +448,10 @@ impl Acquirer {
     }
 
     /// Registers a stream this incarnation owns and hands it to the main loop.
-    fn adopt(&mut self, lease: Lease, record: StreamRecord, inherited: Option<u64>) {
-        let checkpoint = record.last_seq.max(inherited);
+    fn adopt(&mut self, lease: Lease, record: StreamRecord, dead_owner_checkpoint: Option<u64>) {
+        let checkpoint = record.checkpoint.max(dead_owner_checkpoint);
         let held = HeldStream {
-            progress: Arc::new(StreamProgress::new(checkpoint, record.last_seq)),
+            progress: Arc::new(StreamProgress::new(checkpoint, record.checkpoint)),
             signals: HolderSignals::default(),
             lease,
         };

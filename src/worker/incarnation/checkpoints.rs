@@ -55,7 +55,7 @@ impl Packer {
         let mut entries: Vec<(StreamKey, Checkpoint, &HeldStream)> = held
             .iter()
             .filter_map(|h| {
-                let seq = h.progress.unpersisted()?;
+                let seq = h.progress.unstored_checkpoint()?;
                 Some((
                     h.lease.key.clone(),
                     Checkpoint {

@@ -86,7 +86,7 @@ impl Chores {
         }
         for (h, seq) in self.folds {
             match store.fold_checkpoint(&h.lease, seq).await {
-                Ok(OwnerWrite::Done(())) => h.progress.mark_persisted(seq),
+                Ok(OwnerWrite::Done(())) => h.progress.mark_stored(seq),
                 Ok(OwnerWrite::Lost) => {}
                 Err(e) => {
                     tracing::debug!(stream = %h.lease.key, error = %e, "checkpoint fold failed")

@@ -301,7 +301,7 @@ mod tests {
         let ended = tokio::time::timeout(Duration::from_secs(20), delivery.deliver(&mut batch))
             .await
             .expect(overdue);
-        (ended, progress.acked(), batch.len())
+        (ended, progress.checkpoint(), batch.len())
     }
 
     /// A POST slower than the fence window, while renewals keep the fence

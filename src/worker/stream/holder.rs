@@ -4,6 +4,7 @@
 //! on handoff, STOPPED or shutdown. The session is a child task that never
 //! outlives its holder (it is aborted when the holder's handle drops).
 
+use super::provenance::Origin;
 use super::registry::HeldStream;
 use super::session::{SessionConfig, SessionControl, SessionDeps, SessionEnd, Sessions};
 use crate::crd::{StreamConnectionSpec, stored};
@@ -212,6 +213,10 @@ impl Holder {
             worker: lease.owner.as_str().into(),
             token: lease.counter,
             spec,
+            origin: Origin {
+                uid: self.record.uid.clone(),
+                installation: self.record.installation.clone(),
+            },
             turn,
         };
         let ctl = SessionControl::default();
@@ -446,7 +451,7 @@ impl Holder {
             tracing::info!(stream = %key, wait = ?until.saturating_duration_since(Instant::now()), "waiting until the sink can no longer apply a request still out, then releasing");
             sleep_until(until).await;
         }
-        let checkpoint = self.held.progress.acked();
+        let checkpoint = self.held.progress.checkpoint();
         let (phase, why) = match reason {
             ReleaseReason::Stopped => (Phase::Stopped, None),
             ReleaseReason::Shutdown => (Phase::Pending, Some("OwnerShutdown")),

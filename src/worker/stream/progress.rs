@@ -18,10 +18,10 @@ fn load(a: &AtomicU64) -> Option<u64> {
 /// One stream's checkpoint and session status.
 #[derive(Debug)]
 pub struct StreamProgress {
-    /// Highest sequence number the sink acknowledged.
-    acked: AtomicU64,
-    /// The checkpoint known to be on the stream item itself.
-    persisted: AtomicU64,
+    /// The checkpoint: the highest sequence number the sink acknowledged.
+    checkpoint: AtomicU64,
+    /// The checkpoint known to be stored on the stream item itself.
+    stored: AtomicU64,
     status: Mutex<SessionStatus>,
     status_dirty: AtomicBool,
     /// Signalled when the status changes, so the holder writes it soon.
@@ -59,12 +59,12 @@ impl InFlight<'_> {
 }
 
 impl StreamProgress {
-    /// Starting from `checkpoint` (the resume point), of which `persisted` is
+    /// Starting from `checkpoint` (the resume point), of which `stored` is
     /// already on the item.
-    pub fn new(checkpoint: Option<u64>, persisted: Option<u64>) -> Self {
+    pub fn new(checkpoint: Option<u64>, stored: Option<u64>) -> Self {
         Self {
-            acked: AtomicU64::new(checkpoint.unwrap_or(NONE)),
-            persisted: AtomicU64::new(persisted.unwrap_or(NONE)),
+            checkpoint: AtomicU64::new(checkpoint.unwrap_or(NONE)),
+            stored: AtomicU64::new(stored.unwrap_or(NONE)),
             status: Mutex::new(SessionStatus::default()),
             status_dirty: AtomicBool::new(false),
             status_changed: tokio::sync::Notify::new(),
@@ -93,27 +93,27 @@ impl StreamProgress {
     }
 
     /// The checkpoint: the highest acknowledged sequence number, if any.
-    pub fn acked(&self) -> Option<u64> {
-        load(&self.acked)
+    pub fn checkpoint(&self) -> Option<u64> {
+        load(&self.checkpoint)
     }
 
     /// Advances the checkpoint (never backwards).
     pub fn ack(&self, seq: u64) {
         let _ = self
-            .acked
+            .checkpoint
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
                 (cur == NONE || seq > cur).then_some(seq)
             });
     }
 
-    pub fn persisted(&self) -> Option<u64> {
-        load(&self.persisted)
+    pub fn stored_checkpoint(&self) -> Option<u64> {
+        load(&self.stored)
     }
 
     /// Records that the stream item now holds at least `seq`.
-    pub fn mark_persisted(&self, seq: u64) {
+    pub fn mark_stored(&self, seq: u64) {
         let _ = self
-            .persisted
+            .stored
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
                 (cur == NONE || seq > cur).then_some(seq)
             });
@@ -121,8 +121,8 @@ impl StreamProgress {
 
     /// The checkpoint if it is ahead of what the stream item holds: what the
     /// worker must keep in its packed checkpoints.
-    pub fn unpersisted(&self) -> Option<u64> {
-        match (self.acked(), self.persisted()) {
+    pub fn unstored_checkpoint(&self) -> Option<u64> {
+        match (self.checkpoint(), self.stored_checkpoint()) {
             (Some(a), Some(p)) if a <= p => None,
             (a, _) => a,
         }
@@ -203,16 +203,16 @@ mod tests {
     #[test]
     fn no_checkpoint_and_checkpoint_zero_are_different() {
         let p = StreamProgress::new(None, None);
-        assert_eq!(p.acked(), None);
+        assert_eq!(p.checkpoint(), None);
         p.ack(0);
-        assert_eq!(p.acked(), Some(0), "sequence 0 is a checkpoint");
-        assert_eq!(p.unpersisted(), Some(0));
-        p.mark_persisted(0);
-        assert_eq!(p.unpersisted(), None);
+        assert_eq!(p.checkpoint(), Some(0), "sequence 0 is a checkpoint");
+        assert_eq!(p.unstored_checkpoint(), Some(0));
+        p.mark_stored(0);
+        assert_eq!(p.unstored_checkpoint(), None);
         p.ack(5);
         p.ack(3);
-        assert_eq!(p.acked(), Some(5), "never backwards");
-        assert_eq!(p.unpersisted(), Some(5));
+        assert_eq!(p.checkpoint(), Some(5), "never backwards");
+        assert_eq!(p.unstored_checkpoint(), Some(5));
     }
 
     #[test]

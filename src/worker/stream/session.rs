@@ -8,6 +8,7 @@
 
 use super::delivery::{Delivery, Undelivered};
 use super::progress::StreamProgress;
+use super::provenance::{Origin, Provenance, Unverified};
 use super::sequence::{SequencePointer, next_counter, sequence_of};
 use super::transport::{CONNECT_TIMEOUT, ConnectError, Dialer, Ws, resume_url};
 use crate::crd::StreamConnectionSpec;
@@ -51,6 +52,8 @@ pub struct SessionConfig {
     pub token: u64,
     /// Shared with the stream's holder.
     pub spec: Arc<StreamConnectionSpec>,
+    /// The resource the item says it came from (checked in operator mode).
+    pub origin: Origin,
     /// The stream's one session slot, held for the session's whole life: a
     /// session that was aborted is dropped (its socket closed) only when the
     /// runtime next runs its task, so the next session of the stream waits
@@ -68,6 +71,9 @@ pub struct SessionDeps {
     pub kinesis_streams: KinesisStreams,
     pub metrics: Arc<WorkerMetrics>,
     pub fence: Arc<Fence>,
+    /// Which items may be served at all (operator mode: this installation's
+    /// resources only).
+    pub provenance: Arc<Provenance>,
 }
 
 /// How a session ended.
@@ -174,6 +180,10 @@ pub(super) fn run(
         // that, or a later change could drop it when the future is made and
         // let the stream's next session connect before this one closed.
         let _turn = &cfg.turn;
+        // Before anything is dialled or any secret resolved for it.
+        if let Some(end) = Box::pin(verified_origin(&cfg, &progress, &deps, &ctl)).await {
+            return end;
+        }
         // Boxed: a name lookup's state is only needed before the first connect.
         if let Err(message) = Box::pin(sink_allowed(&cfg.spec, &cfg.key.namespace, &deps)).await {
             deps.metrics
@@ -201,7 +211,7 @@ pub(super) fn run(
             if !deps.fence.is_valid() {
                 return SessionEnd::Fenced;
             }
-            let checkpoint = progress.acked();
+            let checkpoint = progress.checkpoint();
             progress.update_status(|s| s.phase = Phase::Connecting);
             let url = resume_url(&cfg.spec.url, cfg.spec.initial_url.as_deref(), checkpoint);
             let host = url::Url::parse(&url)
@@ -293,6 +303,51 @@ pub(super) fn run(
                 _ = ctl.stop.cancelled() => return SessionEnd::Stopped,
                 _ = deps.fence.closed() => return SessionEnd::Fenced,
             }
+        }
+    }
+}
+
+/// Waits until the item's origin is verified; `Some` ends the session (the
+/// origin is refused for good, or the session was stopped meanwhile).
+async fn verified_origin(
+    cfg: &SessionConfig,
+    progress: &StreamProgress,
+    deps: &SessionDeps,
+    ctl: &SessionControl,
+) -> Option<SessionEnd> {
+    let mut attempt = 0u32;
+    loop {
+        let message = match deps.provenance.check(&cfg.key, &cfg.origin).await {
+            Ok(()) => return None,
+            Err(Unverified::Refused(message)) => {
+                deps.metrics
+                    .session_errors
+                    .get_or_create(&[("kind", "provenance")])
+                    .inc();
+                tracing::warn!(stream = %cfg.key, %message, "item not from a resource of this installation; not serving it");
+                progress.update_status(|s| {
+                    s.phase = Phase::Failed;
+                    s.reason = Some("UnverifiedOrigin".into());
+                    s.message = Some(message.clone());
+                    s.connected_since_ms = None;
+                });
+                return Some(SessionEnd::Failed(message));
+            }
+            Err(Unverified::Unavailable(message)) => message,
+        };
+        let delay = RECONNECT_BACKOFF.delay(attempt);
+        attempt = attempt.saturating_add(1);
+        tracing::warn!(stream = %cfg.key, %message, retry_in = ?delay, "cannot verify the stream's resource yet");
+        progress.update_status(|s| {
+            s.phase = Phase::Backoff;
+            s.reason = Some("OriginUnverified".into());
+            s.message = Some(message.clone());
+        });
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = ctl.abort.cancelled() => return Some(SessionEnd::Aborted),
+            _ = ctl.stop.cancelled() => return Some(SessionEnd::Stopped),
+            _ = deps.fence.closed() => return Some(SessionEnd::Fenced),
         }
     }
 }
@@ -588,6 +643,7 @@ mod tests {
             sink_policy: policy,
             kinesis_streams: KinesisStreams::new(["*"]),
             metrics: Arc::new(WorkerMetrics::default()),
+            provenance: Arc::new(Provenance::AnyItem),
             fence: Arc::new(Fence::new(
                 Duration::from_secs(10),
                 crate::worker::fence::Sent::now(),
@@ -613,6 +669,7 @@ mod tests {
             worker: "w".into(),
             token: 1,
             spec: Arc::new(spec),
+            origin: Origin::default(),
             turn: slot.clone().try_acquire_owned().unwrap(),
         };
         let progress = Arc::new(StreamProgress::new(None, None));

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use std::time::Duration;
 use tether_testkit::bed::{Bed, loopback};
 use tether_testkit::capacity::CapacityModel;
-use tether_testkit::fleet::{WorkerProcess, metric_sum};
+use tether_testkit::processes::{WorkerProcess, metric_sum};
 use tether_testkit::store::endpoint;
 use tokio::time::Instant;
 

@@ -7,7 +7,7 @@ use crate::Ctx;
 use std::path::PathBuf;
 use std::time::Duration;
 use tether_testkit::bed::{Bed, BedOptions};
-use tether_testkit::fleet::FleetConfig;
+use tether_testkit::processes::FleetConfig;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Design {

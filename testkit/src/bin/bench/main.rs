@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::Duration;
 use tether::support::quantile;
-use tether_testkit::fleet::WorkerProcess;
+use tether_testkit::processes::WorkerProcess;
 use tokio::time::Instant;
 
 /// DynamoDB on-demand prices (us-east-1, since the November 2024 price change).

@@ -18,9 +18,9 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
 use tether::egress::HostPolicy;
-use tether::http::Health;
 use tether::lease::{LeaseStore, StoreConfig, StreamKey};
 use tether::metrics::{StoreMetrics, WorkerMetrics};
+use tether::probes::Health;
 use tether::secrets::SecretSource;
 use tether::worker::StreamProgress;
 use tether::worker::{SessionConfig, SessionControl, SessionDeps, SessionEnd, Sessions};
@@ -274,7 +274,7 @@ async fn legacy_ramp(ctx: &Ctx) -> anyhow::Result<Value> {
     )
     .await?;
     let model = CapacityModel::start(loopback(), &endpoint().0, true).await?;
-    let mut fleet = tether_testkit::fleet::FleetConfig::fast(
+    let mut fleet = tether_testkit::processes::FleetConfig::fast(
         &ctx.legacy,
         model.endpoint(),
         bed.store.table(),

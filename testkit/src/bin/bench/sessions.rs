@@ -13,7 +13,7 @@ use std::time::Duration;
 use tether::lease::{LeaseStore, StreamKey};
 use tether_testkit::bed::{Bed, BedOptions, loopback, rss_kib};
 use tether_testkit::fixtures::log_spec;
-use tether_testkit::fleet::{FleetConfig, metric_sum};
+use tether_testkit::processes::{FleetConfig, metric_sum};
 use tether_testkit::upstream::{FeedOptions, TlsUpstream, self_signed};
 use tokio::time::Instant;
 
@@ -196,7 +196,7 @@ async fn measure(
     target: usize,
     pid: u32,
     baseline: u64,
-    worker: Option<&tether_testkit::fleet::WorkerProcess>,
+    worker: Option<&tether_testkit::processes::WorkerProcess>,
     connect: Duration,
 ) -> anyhow::Result<Value> {
     let rss = rss_kib(pid).context("reading VmRSS")?;

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use std::time::Duration;
 use tether::crd::StreamConnectionSpec;
 use tether_testkit::bed::{Bed, BedOptions, loopback, names};
-use tether_testkit::fleet::metric_value;
+use tether_testkit::processes::metric_value;
 use tether_testkit::sink::CountingSink;
 use tether_testkit::sink_servers::{Kinesalite, NatsServer};
 use tokio::time::Instant;

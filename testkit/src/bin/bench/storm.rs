@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
 use tether_testkit::bed::Bed;
-use tether_testkit::fleet::metric_sum;
+use tether_testkit::processes::metric_sum;
 use tokio::time::Instant;
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {

@@ -18,7 +18,7 @@ use std::time::Duration;
 use tether::crd::StreamConnectionSpec;
 use tether_testkit::bed::{Bed, loopback, names};
 use tether_testkit::blaster::Blaster;
-use tether_testkit::fleet::metric_value;
+use tether_testkit::processes::metric_value;
 use tether_testkit::sink::CountingSink;
 use tether_testkit::upstream::{self_signed, server_config};
 use tokio::time::Instant;

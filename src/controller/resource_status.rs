@@ -221,7 +221,7 @@ mod tests {
                 lease_owner: inc.as_ref().map(ToString::to_string),
                 lease_expires_at_ms: if inc.is_some() { OWNED_EXPIRY_MS } else { 0 },
                 lease_counter: 7,
-                last_seq: Some(40),
+                checkpoint: Some(40),
                 holder: None,
                 released_at_ms: None,
                 release_reason: None,
