@@ -91,7 +91,9 @@ pub(super) async fn worker(
             open.store.clone(),
             metrics.worker.clone(),
             HostPolicy::new(args.allow_hosts.clone()).deny(&args.deny_cidrs),
-            HostPolicy::new(args.allow_sink_hosts.clone()).deny(&args.deny_cidrs),
+            HostPolicy::new(args.allow_sink_hosts.clone())
+                .for_sinks()
+                .deny(&args.deny_cidrs),
             secrets,
             pod,
         )?

@@ -59,6 +59,7 @@ pub struct StreamConnectionSpec {
     /// sequence number is 0. Default: `url` with `{last_seq}` replaced by nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(r"^wss?://"), length(max = 2048))]
+    #[schemars(extend("x-kubernetes-validations" = [{"rule": "!self.contains('{last_seq}')", "message": "initialUrl is used when there is no checkpoint, so it cannot contain {last_seq}"}]))]
     pub initial_url: Option<String>,
 
     /// `Started` keeps the stream connected; `Stopped` closes the session with a
@@ -88,6 +89,7 @@ pub struct StreamConnectionSpec {
     /// the lease table or logs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub headers: Vec<HeaderSpec>,
 
     /// Size limits for what the upstream may send.
@@ -332,7 +334,15 @@ impl StreamConnectionSpec {
         if self.headers.len() > 32 {
             errors.push(err("spec.headers", "at most 32 headers"));
         }
+        let mut names = std::collections::HashSet::new();
         for (i, h) in self.headers.iter().enumerate() {
+            // Handshake header names are case-insensitive: one entry per name.
+            if !names.insert(h.name.to_ascii_lowercase()) {
+                errors.push(err(
+                    &format!("spec.headers[{i}].name"),
+                    format!("'{}' is given more than once", h.name),
+                ));
+            }
             if http::HeaderName::from_bytes(h.name.as_bytes()).is_err() {
                 errors.push(err(
                     &format!("spec.headers[{i}].name"),
@@ -477,6 +487,43 @@ mod tests {
             StreamConnectionSpec::test("ws://127.0.0.1:9/s?after={last_seq}").validate(),
             Ok(())
         );
+    }
+
+    #[test]
+    fn a_header_given_twice_is_refused_whatever_its_case() {
+        let mut spec = StreamConnectionSpec::test("wss://feed.example/a");
+        let header = |name: &str| HeaderSpec {
+            name: name.into(),
+            value_from: HeaderValueSource {
+                secret_key_ref: None,
+                env: Some("TOKEN".into()),
+            },
+        };
+        spec.headers = vec![header("Authorization"), header("authorization")];
+        let errors = spec.validate().unwrap_err();
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.field == "spec.headers[1].name" && e.message.contains("more than once")),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn the_crd_refuses_at_admission_what_the_schema_can_express() {
+        let crd = serde_json::to_value(super::crd()).unwrap();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let headers = &spec["properties"]["headers"];
+        assert_eq!(headers["x-kubernetes-list-type"], "map");
+        assert_eq!(
+            headers["x-kubernetes-list-map-keys"],
+            serde_json::json!(["name"])
+        );
+        let initial = spec["properties"]["initialUrl"]["x-kubernetes-validations"].to_string();
+        assert!(initial.contains("{last_seq}"), "{initial}");
+        let value_from =
+            headers["items"]["properties"]["valueFrom"]["x-kubernetes-validations"].to_string();
+        assert!(value_from.contains("!has(self.env)"), "{value_from}");
     }
 }
 

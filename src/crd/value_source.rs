@@ -8,7 +8,10 @@ use serde::{Deserialize, Serialize};
 /// Exactly one source for a header value.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-validations" = [{"rule": "has(self.secretKeyRef) != has(self.env)", "message": "set exactly one of secretKeyRef and env"}]))]
+// The schema is the cluster's (the CRD): there `env` is refused at admission,
+// as it would read the operator's own environment. Standalone manifests are
+// checked by `validate` instead, where `env` is allowed.
+#[schemars(extend("x-kubernetes-validations" = [{"rule": "has(self.secretKeyRef) != has(self.env)", "message": "set exactly one of secretKeyRef and env"}, {"rule": "!has(self.env)", "message": "env is not available to resources in Kubernetes mode (it would read the operator's own environment); use secretKeyRef"}]))]
 pub struct HeaderValueSource {
     /// A key of a Secret in the stream's namespace (Kubernetes mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]

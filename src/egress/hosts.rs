@@ -16,15 +16,16 @@ const AWS_METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PolicyError {
-    #[error("host '{host}' is not in --allow-hosts")]
-    NotAllowed { host: String },
+    #[error("host '{host}' is not in {flag}")]
+    NotAllowed { host: String, flag: &'static str },
     #[error(
-        "host '{host}' resolves to {addr}, {why}; list the host in --allow-hosts explicitly to permit it"
+        "host '{host}' resolves to {addr}, {why}; list the host in {flag} explicitly to permit it"
     )]
     Forbidden {
         host: String,
         addr: String,
         why: &'static str,
+        flag: &'static str,
     },
     #[error("cannot resolve host '{host}': {detail}")]
     Resolve { host: String, detail: String },
@@ -47,6 +48,9 @@ impl PolicyError {
 pub struct HostPolicy {
     patterns: Vec<String>,
     denied: Vec<ipnet::IpNet>,
+    /// The flag that lists these hosts, named in every refusal so the user
+    /// knows which list to change.
+    flag: &'static str,
 }
 
 impl HostPolicy {
@@ -58,10 +62,17 @@ impl HostPolicy {
                 .filter(|p| !p.is_empty())
                 .collect(),
             denied: Vec::new(),
+            flag: "--allow-hosts",
         }
     }
 
     /// Also refuses addresses in `networks` unless the host is listed exactly.
+    /// The same policy for sinks: its refusals name `--allow-sink-hosts`.
+    pub fn for_sinks(mut self) -> Self {
+        self.flag = "--allow-sink-hosts";
+        self
+    }
+
     pub fn deny(mut self, networks: &[ipnet::IpNet]) -> Self {
         self.denied.extend_from_slice(networks);
         self
@@ -109,7 +120,10 @@ impl HostPolicy {
             }
         };
         if !self.matches(&name) {
-            return Err(PolicyError::NotAllowed { host: name });
+            return Err(PolicyError::NotAllowed {
+                host: name,
+                flag: self.flag,
+            });
         }
         let explicit = self.explicitly_listed(&name);
         if !explicit && METADATA_HOSTNAMES.contains(&name.as_str()) {
@@ -117,6 +131,7 @@ impl HostPolicy {
                 host: name.clone(),
                 addr: name,
                 why: "a cloud metadata service",
+                flag: self.flag,
             });
         }
         let addrs: Vec<SocketAddr> = match literal {
@@ -145,6 +160,7 @@ impl HostPolicy {
                 host: name,
                 addr: ip.to_string(),
                 why,
+                flag: self.flag,
             }),
             (true, None) => Err(PolicyError::Resolve {
                 host: name,
@@ -248,7 +264,8 @@ mod tests {
         assert_eq!(
             policy.resolve(&url("wss://evil.test/")).await.unwrap_err(),
             PolicyError::NotAllowed {
-                host: "evil.test".into()
+                host: "evil.test".into(),
+                flag: "--allow-hosts",
             }
         );
         // `*.example.com` matches subdomains only, not the apex or look-alikes.
@@ -260,5 +277,36 @@ mod tests {
             policy.resolve(&url("ws://127.0.0.1:8080/")).await.unwrap(),
             vec!["127.0.0.1:8080".parse().unwrap()]
         );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_names_the_flag_that_governs_the_host() {
+        let upstreams = HostPolicy::new(["feed.example"]);
+        let sinks = HostPolicy::new(["sink.example"]).for_sinks();
+        let refused = |e: PolicyError| e.to_string();
+        assert!(
+            refused(
+                upstreams
+                    .resolve(&url("ws://other.example/"))
+                    .await
+                    .unwrap_err()
+            )
+            .contains("--allow-hosts")
+        );
+        let sink = refused(
+            sinks
+                .resolve(&url("http://other.example/"))
+                .await
+                .unwrap_err(),
+        );
+        assert!(sink.contains("--allow-sink-hosts"), "{sink}");
+        let metadata = refused(
+            HostPolicy::new(["*"])
+                .for_sinks()
+                .resolve(&url("http://169.254.169.254/"))
+                .await
+                .unwrap_err(),
+        );
+        assert!(metadata.contains("--allow-sink-hosts"), "{metadata}");
     }
 }
