@@ -22,8 +22,10 @@ pub(super) fn compute(
     invalid: Option<&str>,
     refused: Option<&str>,
 ) -> StreamConnectionStatus {
-    let generation = obj.metadata.generation;
     let previous = obj.status.as_ref();
+    // The generation this status describes, so that `kubectl wait`, Argo CD
+    // and Flux (kstatus) never take the old session's Ready for the new spec.
+    let generation = observed_generation(obj, view, invalid.or(refused).is_some());
     let mut status = StreamConnectionStatus {
         observed_generation: generation,
         ..Default::default()
@@ -117,6 +119,34 @@ pub(super) fn compute(
         condition(OWNED, owned, generation, previous),
     ];
     status
+}
+
+/// The generation a status reports on: the one refused (an invalid spec, a
+/// refused mirror: the controller's verdict is on the current spec); else,
+/// while a live owner serves the stream, the generation its session runs (it
+/// writes it with every status); else the generation the table holds (what
+/// the next owner will serve). Never above the resource's own.
+fn observed_generation(
+    obj: &StreamConnection,
+    view: Option<&StreamView>,
+    refused: bool,
+) -> Option<i64> {
+    let current = obj.metadata.generation;
+    if refused {
+        return current;
+    }
+    let Some(v) = view else {
+        // Not mirrored yet: nothing of this resource is observed.
+        return None;
+    };
+    let r = &v.record;
+    let observed = match v.live_owner() {
+        Some(_) if r.desired_state == DesiredState::Started => {
+            r.served_generation.unwrap_or(r.generation)
+        }
+        _ => r.generation,
+    };
+    Some(current.map_or(observed, |c| observed.min(c)))
 }
 
 /// Replaces the Ready condition (keeping the others), for states the table
@@ -269,6 +299,35 @@ mod tests {
         assert_eq!(s.lease_expires_at.as_deref(), Some("1970-01-01T00:00:10Z"));
         assert_eq!(cond(&s, READY).status, "True");
         assert_eq!(cond(&s, OWNED).reason, "LeaseHeld");
+    }
+
+    #[test]
+    fn after_a_spec_change_the_old_session_is_not_reported_for_the_new_generation() {
+        let mut o = obj();
+        o.metadata.generation = Some(5);
+        // Mirrored, but the owner still runs generation 4.
+        let mut v = view(Some(("w1", true)), Phase::Connected);
+        v.record.generation = 5;
+        let s = compute(&o, Some(&v), None, None);
+        assert_eq!(s.observed_generation, Some(4));
+        assert_eq!(cond(&s, READY).observed_generation, Some(4));
+        assert_eq!(
+            cond(&s, READY).status,
+            "True",
+            "Ready, but for generation 4"
+        );
+        // Once the owner's session runs it, it is observed.
+        v.record.served_generation = Some(5);
+        let s = compute(&o, Some(&v), None, None);
+        assert_eq!(s.observed_generation, Some(5));
+        assert_eq!(cond(&s, READY).observed_generation, Some(5));
+        // A refused spec is observed at once, with its reason.
+        let s = compute(&o, Some(&v), Some("spec.url: bad"), None);
+        assert_eq!(s.observed_generation, Some(5));
+        assert_eq!(cond(&s, READY).reason, "InvalidSpec");
+        // Not mirrored yet: nothing is observed.
+        let s = compute(&o, None, None, None);
+        assert_eq!(s.observed_generation, None);
     }
 
     #[test]
