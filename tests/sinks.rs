@@ -180,6 +180,12 @@ async fn kinesis_sink_outside_the_allowed_streams_is_refused_with_a_reason() {
     );
     worker.signal(Signal::SIGTERM).unwrap();
     let _ = worker.wait(Duration::from_secs(10)).await;
+    // Released on shutdown, the refusal still says what to fix.
+    assert_eq!(
+        reason(&bed, &key).await.as_deref(),
+        Some("SinkNotAllowed"),
+        "the owner's graceful stop overwrote the reason"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

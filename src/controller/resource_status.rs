@@ -55,6 +55,10 @@ pub(super) fn compute(
         let session = r.status.as_ref();
         let phase = match (owner, r.desired_state) {
             (None, DesiredState::Stopped) => Phase::Stopped,
+            // Refused for good by the last owner: still the user's to fix.
+            (None, DesiredState::Started) if session.is_some_and(|s| s.phase == Phase::Failed) => {
+                Phase::Failed
+            }
             (None, DesiredState::Started) => Phase::Pending,
             (Some(_), _) => session.map_or(Phase::Pending, |s| s.phase),
         };
@@ -328,6 +332,19 @@ mod tests {
         // Not mirrored yet: nothing is observed.
         let s = compute(&o, None, None, None);
         assert_eq!(s.observed_generation, None);
+    }
+
+    #[test]
+    fn a_refusal_outlives_the_owner_that_found_it() {
+        let mut v = view(None, Phase::Failed);
+        if let Some(s) = v.record.status.as_mut() {
+            s.reason = Some("SinkNotAllowed".into());
+            s.message = Some("sink http://10.0.0.1/: in a denied network".into());
+        }
+        let s = compute(&obj(), Some(&v), None, None);
+        assert_eq!(s.phase.as_deref(), Some("Failed"));
+        assert_eq!(cond(&s, READY).reason, "SinkNotAllowed");
+        assert!(cond(&s, READY).message.contains("denied network"));
     }
 
     #[test]

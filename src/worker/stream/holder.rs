@@ -458,11 +458,22 @@ impl Holder {
             ReleaseReason::Rebalance => (Phase::Pending, Some("Rebalancing")),
             ReleaseReason::Unwanted => (Phase::Pending, Some("Released")),
         };
-        let status = SessionStatus {
-            phase,
-            reason: why.map(Into::into),
-            reconnects: self.held.progress.status().reconnects,
-            ..SessionStatus::default()
+        let current = self.held.progress.status();
+        let status = if current.phase == Phase::Failed && reason != ReleaseReason::Stopped {
+            // Refused for good (a host, a sink, a spec): what the user must
+            // fix outlives the owner that found it, instead of reading as a
+            // routine hand-over until another worker fails it again.
+            SessionStatus {
+                connected_since_ms: None,
+                ..current
+            }
+        } else {
+            SessionStatus {
+                phase,
+                reason: why.map(Into::into),
+                reconnects: current.reconnects,
+                ..SessionStatus::default()
+            }
         };
         let label = reason.as_str();
         for attempt in 0..RELEASE_ATTEMPTS {
