@@ -101,6 +101,20 @@ nothing: `helm template`, `--dry-run` and a first install see no Deployment.
 {{- end }}
 
 {{/* Service account name. */}}
+{{/*
+Name of cluster-scoped objects (and of objects in other namespaces): the
+release namespace is part of it, so the same release name installed in two
+namespaces never claims the other's ClusterRoles or Roles.
+*/}}
+{{- define "tether.clusterName" -}}
+{{- printf "%s-%s" (include "tether.fullname" .) .Release.Namespace | trunc 200 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The leader-election Lease of this installation (as the controller names it). */}}
+{{- define "tether.leaderLease" -}}
+{{- if .Values.controller.installation }}tether-controller-{{ .Values.controller.installation }}{{ else }}tether-controller{{ end }}
+{{- end }}
+
 {{- define "tether.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "tether.fullname" .) .Values.serviceAccount.name }}
@@ -111,6 +125,9 @@ nothing: `helm template`, `--dry-run` and a first install see no Deployment.
 
 {{/* Fail on contradictory settings. */}}
 {{- define "tether.validate" -}}
+{{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) }}
+{{- fail "serviceAccount.create=false needs serviceAccount.name: binding tether's rights to the namespace's default account would give them to every pod that runs as it" }}
+{{- end }}
 {{- if and .Values.autoscaling.hpa.enabled .Values.autoscaling.keda.enabled }}
 {{- fail "autoscaling.hpa.enabled and autoscaling.keda.enabled are mutually exclusive: KEDA creates its own HPA; enable one of them" }}
 {{- end }}
