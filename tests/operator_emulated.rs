@@ -274,6 +274,33 @@ async fn header_secrets_are_read_at_connect_time_and_never_stored_or_logged() {
         upstream.sessions_of("secured").is_empty(),
         "never dialled without its header"
     );
+    // Said once as a Warning event while the stream retries: only the user
+    // can create the Secret.
+    let events_url = format!(
+        "{}/apis/events.k8s.io/v1/namespaces/feeds/events",
+        emulator.url
+    );
+    eventually_or(
+        Duration::from_secs(30),
+        "a Warning event names the missing Secret",
+        || async {
+            let events = get(&http, &events_url).await.unwrap_or_default();
+            events["items"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .any(|e| {
+                    e["reason"] == "HeaderUnavailable"
+                        && e["type"] == "Warning"
+                        && e["note"]
+                            .as_str()
+                            .is_some_and(|n| n.contains("upstream-token"))
+                })
+        },
+        diagnostics,
+    )
+    .await;
 
     // Created: the next connect reads it.
     let secret_value = "Bearer s3cr3t-value-42";

@@ -426,28 +426,52 @@ async fn announce(
     old: Option<&StreamConnectionStatus>,
     new: &StreamConnectionStatus,
 ) {
-    let old_owner = old.and_then(|s| s.owner.clone());
-    if new.owner != old_owner
-        && let Some(owner) = &new.owner
-    {
-        let note = match &old_owner {
-            Some(previous) => format!("owner changed from {previous} to {owner}"),
-            None => format!("acquired by {owner}"),
-        };
-        publish(ctx, obj, EventType::Normal, "Acquired", &note, "Acquire").await;
+    // The first owner only: later moves (a rolling restart moves every
+    // stream) are routine, shown in status and metrics, not as one event per
+    // stream per move.
+    let never_owned = old.is_none_or(|s| s.owner.is_none() && s.last_seq.is_none());
+    if never_owned && let Some(owner) = &new.owner {
+        publish(
+            ctx,
+            obj,
+            EventType::Normal,
+            "Acquired",
+            &format!("acquired by {owner}"),
+            "Acquire",
+        )
+        .await;
     }
     let old_phase = old.and_then(|s| s.phase.clone());
     let failed = Some(crate::lease::Phase::Failed.as_str());
-    if new.phase.as_deref() == failed && old_phase.as_deref() != failed {
-        let message = new
-            .conditions
+    let ready = |s: &StreamConnectionStatus| {
+        s.conditions
             .iter()
             .find(|c| c.type_ == resource_status::READY)
-            .map(|c| c.message.clone())
-            .unwrap_or_default();
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let (reason, message) = ready(new).unwrap_or_default();
+    if new.phase.as_deref() == failed && old_phase.as_deref() != failed {
         publish(ctx, obj, EventType::Warning, "Failed", &message, "Connect").await;
+    } else if ACTIONABLE_REASONS.contains(&reason.as_str())
+        && old.and_then(ready).map(|(r, _)| r) != Some(reason.clone())
+    {
+        // Still retrying, but only the user can fix it: said once, when it
+        // starts, not when the stream is finally refused.
+        publish(ctx, obj, EventType::Warning, &reason, &message, "Connect").await;
     }
 }
+
+/// Ready reasons a stream retries on that only its user can fix (a missing
+/// Secret, a refused host, a sink that is down, an unreachable upstream).
+const ACTIONABLE_REASONS: [&str; 7] = [
+    "HeaderUnavailable",
+    "HostRefused",
+    "TLSError",
+    "HandshakeFailed",
+    "ConnectFailed",
+    "SinkUnavailable",
+    "OriginUnverified",
+];
 
 async fn publish(
     ctx: &Context,
