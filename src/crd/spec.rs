@@ -37,7 +37,11 @@ pub const DEFAULT_MAX_FRAME_BYTES: u32 = 256 * 1024;
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Owner","type":"string","jsonPath":".status.owner"}"#,
     printcolumn = r#"{"name":"Last-Seq","type":"integer","jsonPath":".status.lastSeq"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Reconnects","type":"integer","priority":1,"jsonPath":".status.reconnects"}"#,
+    printcolumn = r#"{"name":"Lease-Expires","type":"date","priority":1,"jsonPath":".status.leaseExpiresAt"}"#,
+    printcolumn = r#"{"name":"URL","type":"string","priority":1,"jsonPath":".spec.url"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct StreamConnectionSpec {
