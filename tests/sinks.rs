@@ -279,3 +279,116 @@ async fn a_full_jetstream_stream_holds_the_rest_of_a_batch_until_there_is_room()
     let problems = check_stream(&records, "fleet/full", bed.first_seq, top);
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+/// The stream's status message, if any.
+async fn message(bed: &Bed, key: &tether::lease::StreamKey) -> Option<String> {
+    bed.store
+        .get(key)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|r| r.status)
+        .and_then(|s| s.message)
+}
+
+/// Two rows of the tenancy matrix, through a real worker process and real
+/// sockets: a sink that answers `307` to a forbidden address (an IP literal,
+/// which no resolver and so no host policy ever sees) and a sink on an IPv6
+/// link-local address. Both get nothing and say why in their status; a
+/// stream with an ordinary sink on the same worker keeps flowing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sinks_that_redirect_or_sit_on_link_local_addresses_get_nothing() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    let bed = Bed::start(TETHER, BedOptions::default()).await.unwrap();
+    // The forbidden address counts every connection it is offered.
+    let forbidden = TcpListener::bind(loopback()).await.unwrap();
+    let forbidden_addr = forbidden.local_addr().unwrap();
+    let offered = Arc::new(AtomicUsize::new(0));
+    let counter = offered.clone();
+    tokio::spawn(async move {
+        while let Ok((_socket, _)) = forbidden.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    let redirector = TcpListener::bind(loopback()).await.unwrap();
+    let redirector_addr = redirector.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = redirector.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = socket.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let answer = format!(
+                        "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://{forbidden_addr}/steal\r\nContent-Length: 0\r\n\r\n"
+                    );
+                    if socket.write_all(answer.as_bytes()).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let mut worker = bed.fleet.spawn("a").unwrap();
+    let http_spec = tether_testkit::fixtures::http_spec;
+    bed.apply_spec(
+        "redirected",
+        &http_spec(
+            &bed.upstream.url("redirected"),
+            &format!("http://{redirector_addr}/ingest"),
+        ),
+        1,
+    )
+    .await
+    .unwrap();
+    bed.apply_spec(
+        "link-local",
+        &http_spec(
+            &bed.upstream.url("link-local"),
+            "http://[fe80::1]:8080/ingest",
+        ),
+        1,
+    )
+    .await
+    .unwrap();
+    bed.apply_spec("ordinary", &bed.spec("ordinary"), 1)
+        .await
+        .unwrap();
+    Bed::wait(
+        LIMIT,
+        "the link-local sink is refused with a reason",
+        || async {
+            reason(&bed, &bed.key("link-local")).await.as_deref() == Some("SinkNotAllowed")
+        },
+    )
+    .await
+    .unwrap();
+    Bed::wait(LIMIT, "the redirect is reported as such", || async {
+        reason(&bed, &bed.key("redirected")).await.as_deref() == Some("SinkUnavailable")
+            && message(&bed, &bed.key("redirected"))
+                .await
+                .is_some_and(|m| m.contains("307") && m.contains("redirect"))
+    })
+    .await
+    .unwrap();
+    Bed::wait(LIMIT, "the ordinary stream keeps flowing", || async {
+        bed.delivered(&["ordinary".to_string()]) > 10
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        offered.load(Ordering::SeqCst),
+        0,
+        "a batch followed the redirect"
+    );
+    assert!(
+        !bed.connected_once(&["link-local".to_string()]),
+        "the link-local stream's upstream was dialled"
+    );
+    worker.signal(Signal::SIGTERM).unwrap();
+    let _ = worker.wait(Duration::from_secs(10)).await;
+}
