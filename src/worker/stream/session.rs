@@ -186,18 +186,17 @@ pub(super) fn run(
         }
         // Boxed: a name lookup's state is only needed before the first connect.
         if let Err(message) = Box::pin(sink_allowed(&cfg.spec, &cfg.key.namespace, &deps)).await {
-            deps.metrics
-                .session_errors
-                .get_or_create(&[("kind", "sink_policy")])
-                .inc();
-            tracing::warn!(stream = %cfg.key, %message, "sink refused by host policy; not connecting");
-            progress.update_status(|s| {
-                s.phase = Phase::Failed;
-                s.reason = Some("SinkNotAllowed".into());
-                s.message = Some(message.clone());
-                s.connected_since_ms = None;
-            });
-            return SessionEnd::Failed(message);
+            return refuse(
+                &cfg,
+                &progress,
+                &deps,
+                Refusal {
+                    kind: "sink_policy",
+                    reason: "SinkNotAllowed",
+                    what: "sink refused by host policy; not connecting",
+                    message,
+                },
+            );
         }
         let sink = Sink::from_spec(&cfg.spec.sink, &cfg.key.namespace, &deps.sinks);
         let mut attempt = 0u32;
@@ -264,19 +263,17 @@ pub(super) fn run(
                     }
                 }
                 Err(e) if e.is_permanent() => {
-                    let message = e.message();
-                    deps.metrics
-                        .session_errors
-                        .get_or_create(&[("kind", e.kind())])
-                        .inc();
-                    tracing::warn!(stream = %cfg.key, %message, "stream refused by host policy; not dialling");
-                    progress.update_status(|s| {
-                        s.phase = Phase::Failed;
-                        s.reason = Some(e.reason().into());
-                        s.message = Some(message.clone());
-                        s.connected_since_ms = None;
-                    });
-                    return SessionEnd::Failed(message);
+                    return refuse(
+                        &cfg,
+                        &progress,
+                        &deps,
+                        Refusal {
+                            kind: e.kind(),
+                            reason: e.reason(),
+                            what: "stream refused by host policy; not dialling",
+                            message: e.message(),
+                        },
+                    );
                 }
                 Err(e) => (e.kind(), e.reason(), e.message()),
             };
@@ -307,6 +304,44 @@ pub(super) fn run(
     }
 }
 
+/// A refusal for good: counted, logged, and the stream's status until its
+/// spec changes.
+struct Refusal {
+    /// The `session_errors` metric's kind.
+    kind: &'static str,
+    /// The status reason.
+    reason: &'static str,
+    /// The log line.
+    what: &'static str,
+    message: String,
+}
+
+fn refuse(
+    cfg: &SessionConfig,
+    progress: &StreamProgress,
+    deps: &SessionDeps,
+    refusal: Refusal,
+) -> SessionEnd {
+    let Refusal {
+        kind,
+        reason,
+        what,
+        message,
+    } = refusal;
+    deps.metrics
+        .session_errors
+        .get_or_create(&[("kind", kind)])
+        .inc();
+    tracing::warn!(stream = %cfg.key, %message, "{what}");
+    progress.update_status(|s| {
+        s.phase = Phase::Failed;
+        s.reason = Some(reason.into());
+        s.message = Some(message.clone());
+        s.connected_since_ms = None;
+    });
+    SessionEnd::Failed(message)
+}
+
 /// Waits until the item's origin is verified; `Some` ends the session (the
 /// origin is refused for good, or the session was stopped meanwhile).
 async fn verified_origin(
@@ -320,18 +355,17 @@ async fn verified_origin(
         let message = match deps.provenance.check(&cfg.key, &cfg.origin).await {
             Ok(()) => return None,
             Err(Unverified::Refused(message)) => {
-                deps.metrics
-                    .session_errors
-                    .get_or_create(&[("kind", "provenance")])
-                    .inc();
-                tracing::warn!(stream = %cfg.key, %message, "item not from a resource of this installation; not serving it");
-                progress.update_status(|s| {
-                    s.phase = Phase::Failed;
-                    s.reason = Some("UnverifiedOrigin".into());
-                    s.message = Some(message.clone());
-                    s.connected_since_ms = None;
-                });
-                return Some(SessionEnd::Failed(message));
+                return Some(refuse(
+                    cfg,
+                    progress,
+                    deps,
+                    Refusal {
+                        kind: "provenance",
+                        reason: "UnverifiedOrigin",
+                        what: "item not from a resource of this installation; not serving it",
+                        message,
+                    },
+                ));
             }
             Err(Unverified::Unavailable(message)) => message,
         };
