@@ -132,7 +132,6 @@ pub(super) async fn operator(
     let client = kube::Client::try_default().await.context(
         "cannot configure a Kubernetes client (run in a pod with a service account, or set KUBECONFIG)",
     )?;
-    crate::controller::check_crd(&client).await?;
     let open = open_store(store_args, Caller::Operator, metrics.store.clone()).await?;
     let instance = format!(
         "{}-{:08x}",
@@ -150,6 +149,7 @@ pub(super) async fn operator(
         }
     });
     let settings = controller_settings(&instance, &controller_args);
+    crate::controller::check_crd(&client, &settings.namespaces).await?;
     // The worker serves only items of this installation's resources.
     let provenance = Provenance::resources(client.clone(), settings.item_installation());
     let ctx = Arc::new(crate::controller::Context::new(

@@ -512,8 +512,14 @@ pub fn error_policy(obj: Arc<StreamConnection>, error: &Error, ctx: Arc<Context>
 }
 
 /// Checks the CRD is installed and readable; the process should exit if not.
-pub async fn check_crd(client: &Client) -> anyhow::Result<()> {
-    let api: Api<StreamConnection> = Api::all(client.clone());
+/// Fails with one line saying what to do when StreamConnections cannot be
+/// listed where this controller watches (`namespaces`; empty: everywhere),
+/// which is also what its RBAC grants.
+pub async fn check_crd(client: &Client, namespaces: &[String]) -> anyhow::Result<()> {
+    let api: Api<StreamConnection> = match namespaces.first() {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    };
     api.list(&ListParams::default().limit(1)).await.map_err(|e| {
         anyhow::anyhow!(
             "cannot list StreamConnections ({e}): is the CRD installed? `tether crd | kubectl apply -f -` \

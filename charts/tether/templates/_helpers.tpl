@@ -142,3 +142,23 @@ namespaces never claims the other's ClusterRoles or Roles.
 {{- fail (printf "terminationGracePeriodSeconds (%v) must exceed worker.drainTimeout (%s) plus %s s for the writes after the drain (releasing what is left, leaving the fleet): set it above %v or shorten worker.drainTimeout" .Values.terminationGracePeriodSeconds $drainTimeout (include "tether.drainMarginSeconds" .) $needed) }}
 {{- end }}
 {{- end }}
+
+{{- /* The rules of watching and managing StreamConnections. With
+controller.watchNamespaces they are granted in those namespaces only (a Role
+each), not cluster-wide. */}}
+{{- define "tether.streamRules" }}
+  # Watch StreamConnections and manage the finalizer that cleans up the stream's item in the table.
+  - apiGroups: ["tether.dev"]
+    resources: ["streamconnections"]
+    verbs: ["get", "list", "watch", "patch"]
+  - apiGroups: ["tether.dev"]
+    resources: ["streamconnections/status"]
+    verbs: ["patch"]
+  - apiGroups: ["tether.dev"]
+    resources: ["streamconnections/finalizers"]
+    verbs: ["update"]
+  # Events for ownership changes and failures.
+  - apiGroups: ["events.k8s.io"]
+    resources: ["events"]
+    verbs: ["create", "patch"]
+{{- end }}
