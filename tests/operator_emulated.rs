@@ -33,6 +33,35 @@ fn operator_command(
     )
 }
 
+/// Creates `object` through the emulator at `url`; it must be accepted.
+async fn create(http: &reqwest::Client, url: String, object: &Value) {
+    let created = http.post(&url).json(object).send().await.unwrap();
+    assert!(
+        created.status().is_success(),
+        "{url}: {}",
+        created.text().await.unwrap()
+    );
+}
+
+/// A Secret whose `key` holds `value`.
+fn secret(namespace: &str, name: &str, key: &str, value: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace},
+        "data": {key: base64::Engine::encode(&base64::engine::general_purpose::STANDARD, value)},
+    })
+}
+
+/// A StreamConnection in `feeds` from `url` to the worker's log.
+fn log_stream(name: &str, url: &str) -> Value {
+    json!({
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "StreamConnection",
+        "metadata": {"name": name, "namespace": "feeds"},
+        "spec": {"url": url, "sink": {"log": {}}},
+    })
+}
+
 async fn get(http: &reqwest::Client, url: &str) -> Option<Value> {
     let resp = http.get(url).send().await.ok()?;
     if resp.status() == 404 {
@@ -64,17 +93,7 @@ async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
         "metadata": {"name": "live", "namespace": "feeds"},
         "spec": {"url": upstream.url("live"), "sequence": {"pointer": "/seq"}, "sink": {"log": {}}},
     });
-    let created = http
-        .post(format!("{}{PATH}", emulator.url))
-        .json(&manifest)
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        created.status().is_success(),
-        "{}",
-        created.text().await.unwrap()
-    );
+    create(&http, format!("{}{PATH}", emulator.url), &manifest).await;
     let key = StreamKey::new("feeds", "live");
     let diagnostics =
         || std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
@@ -244,11 +263,12 @@ async fn header_secrets_are_read_at_connect_time_and_never_stored_or_logged() {
         })
     };
     // The Secret does not exist yet: the stream says why and retries.
-    http.post(format!("{}{PATH}", emulator.url))
-        .json(&manifest("secured"))
-        .send()
-        .await
-        .unwrap();
+    create(
+        &http,
+        format!("{}{PATH}", emulator.url),
+        &manifest("secured"),
+    )
+    .await;
     let object_url = format!("{}{PATH}/secured", emulator.url);
     eventually_or(
         Duration::from_secs(30),
@@ -304,22 +324,12 @@ async fn header_secrets_are_read_at_connect_time_and_never_stored_or_logged() {
 
     // Created: the next connect reads it.
     let secret_value = "Bearer s3cr3t-value-42";
-    let secret = json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "upstream-token", "namespace": "feeds"},
-        "data": {"token": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, secret_value)},
-    });
-    let created = http
-        .post(format!("{}/api/v1/namespaces/feeds/secrets", emulator.url))
-        .json(&secret)
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        created.status().is_success(),
-        "{}",
-        created.text().await.unwrap()
-    );
+    create(
+        &http,
+        format!("{}/api/v1/namespaces/feeds/secrets", emulator.url),
+        &secret("feeds", "upstream-token", "token", secret_value),
+    )
+    .await;
     eventually_or(
         Duration::from_secs(30),
         "connected with the header",
@@ -373,18 +383,12 @@ async fn a_restarted_container_takes_its_streams_back_at_once_not_after_a_lease(
     // Resources, as users create them: in operator mode only the items of
     // this installation's resources are served.
     for n in &names {
-        let created = http
-            .post(format!("{}{PATH}", emulator.url))
-            .json(&json!({
-                "apiVersion": "tether.dev/v1alpha1",
-                "kind": "StreamConnection",
-                "metadata": {"name": n, "namespace": "feeds"},
-                "spec": {"url": upstream.url(n), "sink": {"log": {}}},
-            }))
-            .send()
-            .await
-            .unwrap();
-        assert!(created.status().is_success());
+        create(
+            &http,
+            format!("{}{PATH}", emulator.url),
+            &log_stream(n, &upstream.url(n)),
+        )
+        .await;
     }
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = emulator.kubeconfig(dir.path(), "feeds");
@@ -496,29 +500,19 @@ async fn an_item_written_straight_into_the_table_is_not_served_and_reads_no_secr
     let diagnostics = || std::fs::read_to_string(&log_path).unwrap_or_default();
     // A Secret of another team's namespace, which the workers may read.
     let stolen = "Bearer other-teams-token-77";
-    let secret = json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "vault", "namespace": "bank"},
-        "data": {"token": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, stolen)},
-    });
-    let created = http
-        .post(format!("{}/api/v1/namespaces/bank/secrets", emulator.url))
-        .json(&secret)
-        .send()
-        .await
-        .unwrap();
-    assert!(created.status().is_success());
+    create(
+        &http,
+        format!("{}/api/v1/namespaces/bank/secrets", emulator.url),
+        &secret("bank", "vault", "token", stolen),
+    )
+    .await;
     // A real resource, served as usual.
-    http.post(format!("{}{PATH}", emulator.url))
-        .json(&json!({
-            "apiVersion": "tether.dev/v1alpha1",
-            "kind": "StreamConnection",
-            "metadata": {"name": "legit", "namespace": "feeds"},
-            "spec": {"url": upstream.url("legit"), "sink": {"log": {}}},
-        }))
-        .send()
-        .await
-        .unwrap();
+    create(
+        &http,
+        format!("{}{PATH}", emulator.url),
+        &log_stream("legit", &upstream.url("legit")),
+    )
+    .await;
     // Two items written straight into the table, naming that Secret: one
     // with no resource at all, one claiming a UID no resource has.
     let forged = |name: &str| {

@@ -6,6 +6,7 @@
 use nix::sys::signal::Signal;
 use std::time::Duration;
 use tether::crd::StreamConnectionSpec;
+use tether::lease::SessionStatus;
 use tether_testkit::bed::{Bed, BedOptions, loopback, names};
 use tether_testkit::fixtures::{kinesis_spec, nats_spec};
 use tether_testkit::processes::{FleetConfig, WorkerProcess, metric_sum};
@@ -94,15 +95,19 @@ where
     records().await
 }
 
-/// The reason the stream's status gives, if any.
-async fn reason(bed: &Bed, key: &tether::lease::StreamKey) -> Option<String> {
+/// The stream's session status as its owner last wrote it, if any.
+async fn status(bed: &Bed, key: &tether::lease::StreamKey) -> Option<SessionStatus> {
     bed.store
         .get(key)
         .await
         .ok()
         .flatten()
         .and_then(|r| r.status)
-        .and_then(|s| s.reason)
+}
+
+/// The reason the stream's status gives, if any.
+async fn reason(bed: &Bed, key: &tether::lease::StreamKey) -> Option<String> {
+    status(bed, key).await.and_then(|s| s.reason)
 }
 
 fn assert_complete(records: &[Delivered], bed: &Bed, names: &[String]) {
@@ -280,17 +285,6 @@ async fn a_full_jetstream_stream_holds_the_rest_of_a_batch_until_there_is_room()
     assert!(problems.is_empty(), "{problems:#?}");
 }
 
-/// The stream's status message, if any.
-async fn message(bed: &Bed, key: &tether::lease::StreamKey) -> Option<String> {
-    bed.store
-        .get(key)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|r| r.status)
-        .and_then(|s| s.message)
-}
-
 /// Two rows of the tenancy matrix, through a real worker process and real
 /// sockets: a sink that answers `307` to a forbidden address (an IP literal,
 /// which no resolver and so no host policy ever sees) and a sink on an IPv6
@@ -368,10 +362,11 @@ async fn sinks_that_redirect_or_sit_on_link_local_addresses_get_nothing() {
     .await
     .unwrap();
     Bed::wait(LIMIT, "the redirect is reported as such", || async {
-        reason(&bed, &bed.key("redirected")).await.as_deref() == Some("SinkUnavailable")
-            && message(&bed, &bed.key("redirected"))
-                .await
-                .is_some_and(|m| m.contains("307") && m.contains("redirect"))
+        status(&bed, &bed.key("redirected")).await.is_some_and(|s| {
+            s.reason.as_deref() == Some("SinkUnavailable")
+                && s.message
+                    .is_some_and(|m| m.contains("307") && m.contains("redirect"))
+        })
     })
     .await
     .unwrap();
