@@ -368,17 +368,7 @@ async fn a_restarted_container_takes_its_streams_back_at_once_not_after_a_lease(
         .unwrap();
     let http = reqwest::Client::new();
     let pods = format!("{}/api/v1/namespaces/feeds/pods", emulator.url);
-    let created = http
-        .post(&pods)
-        .json(&k8s::pod("tether-0", "feeds", 0))
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        created.status().is_success(),
-        "{}",
-        created.text().await.unwrap()
-    );
+    let pod_uid = create_pod(&http, &pods, "tether-0").await;
     let names: Vec<String> = (0..4).map(|i| format!("r{i}")).collect();
     // Resources, as users create them: in operator mode only the items of
     // this installation's resources are served.
@@ -394,24 +384,16 @@ async fn a_restarted_container_takes_its_streams_back_at_once_not_after_a_lease(
     let kubeconfig = emulator.kubeconfig(dir.path(), "feeds");
     // A lease long enough that waiting for it would be obvious.
     let lease = Duration::from_secs(20);
+    // Each run is the pod's container as its mounts show it.
     let start = |log: &str| {
-        k8s::operator_command(
-            std::path::Path::new(env!("CARGO_BIN_EXE_tether")),
-            store.table(),
-            "tether-0",
+        start_in_pod(
+            &store,
             &kubeconfig,
             lease,
-            Duration::from_secs(5),
+            "tether-0",
+            (dir.path(), &pod_uid),
+            &dir.path().join(log),
         )
-        .env("POD_NAME", "tether-0")
-        .env("POD_NAMESPACE", "feeds")
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(
-            std::fs::File::create(dir.path().join(log)).unwrap(),
-        ))
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
     };
     let diagnostics = || {
         let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap_or_default();
@@ -474,6 +456,154 @@ async fn a_restarted_container_takes_its_streams_back_at_once_not_after_a_lease(
         diagnostics()
     );
     assert!(upstream.overlaps().is_empty());
+}
+
+/// Creates pod `name` in `feeds` (container `tether` running, no restarts)
+/// and returns the UID the API server gave it.
+async fn create_pod(http: &reqwest::Client, pods: &str, name: &str) -> String {
+    let created = http
+        .post(pods)
+        .json(&k8s::pod(name, "feeds", 0))
+        .send()
+        .await
+        .unwrap();
+    assert!(created.status().is_success(), "{created:?}");
+    let pod: Value = created.json().await.unwrap();
+    pod["metadata"]["uid"].as_str().unwrap().to_string()
+}
+
+/// Starts `tether operator` with `POD_NAME=pod`, inside container `tether`
+/// of the pod whose UID is `mounted.1` as far as its mount table shows.
+fn start_in_pod(
+    store: &tether::lease::LeaseStore,
+    kubeconfig: &std::path::Path,
+    lease: Duration,
+    pod: &str,
+    mounted: (&std::path::Path, &str),
+    log: &std::path::Path,
+) -> tokio::process::Child {
+    let mut cmd = k8s::operator_command(
+        std::path::Path::new(env!("CARGO_BIN_EXE_tether")),
+        store.table(),
+        pod,
+        kubeconfig,
+        lease,
+        Duration::from_secs(5),
+    );
+    cmd.env("POD_NAME", pod).env("POD_NAMESPACE", "feeds");
+    k8s::in_kubelet_container(cmd, mounted.0, mounted.1, "tether")
+        .unwrap()
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(log).unwrap()))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// `POD_NAME` is an environment variable anyone can copy: a worker in another
+/// pod that names this one must not be declared dead (while alive, streams
+/// open) when this pod's container restarts. The proof is used only when the
+/// process's own mounts put it in the pod the API server calls `POD_NAME`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copied_pod_name_never_gets_a_live_worker_declared_dead() {
+    let emulator = Emulator::start();
+    let store = fresh_store(None).await;
+    let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let pods = format!("{}/api/v1/namespaces/feeds/pods", emulator.url);
+    let real_uid = create_pod(&http, &pods, "tether-0").await;
+    let other_uid = create_pod(&http, &pods, "tether-1").await;
+    let names: Vec<String> = (0..4).map(|i| format!("c{i}")).collect();
+    for n in &names {
+        create(
+            &http,
+            format!("{}{PATH}", emulator.url),
+            &log_stream(n, &upstream.url(n)),
+        )
+        .await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = emulator.kubeconfig(dir.path(), "feeds");
+    let lease = Duration::from_secs(20);
+    let diagnostics = || {
+        let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap_or_default();
+        format!(
+            "impostor:\n{}\nreal:\n{}",
+            read("impostor.log"),
+            read("real.log")
+        )
+    };
+    // Runs in pod tether-1 but says POD_NAME=tether-0, and takes every stream.
+    let _impostor = start_in_pod(
+        &store,
+        &kubeconfig,
+        lease,
+        "tether-0",
+        (dir.path(), &other_uid),
+        &dir.path().join("impostor.log"),
+    );
+    eventually_or(
+        Duration::from_secs(30),
+        "the impostor serves every stream",
+        || async {
+            let open = upstream.open_sessions();
+            names.iter().all(|n| open.get(n) == Some(&1))
+        },
+        diagnostics,
+    )
+    .await;
+    // tether-0's container restarts; its new run really is tether-0's.
+    let restarted = http
+        .patch(format!("{pods}/tether-0/status"))
+        .header("content-type", "application/merge-patch+json")
+        .body(json!({"status": k8s::pod("tether-0", "feeds", 1)["status"]}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(restarted.status().is_success(), "{restarted:?}");
+    let _real = start_in_pod(
+        &store,
+        &kubeconfig,
+        lease,
+        "tether-0",
+        (dir.path(), &real_uid),
+        &dir.path().join("real.log"),
+    );
+    eventually_or(
+        Duration::from_secs(30),
+        "the real container has registered",
+        || async {
+            diagnostics().contains("running in a pod") && diagnostics().contains("worker started")
+        },
+        diagnostics,
+    )
+    .await;
+    // Long enough for a proof to have been acted on (it takes well under a
+    // second), far shorter than the lease.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let fleet = store.fleet().await.unwrap();
+    let dead: Vec<_> = fleet
+        .workers
+        .iter()
+        .filter(|w| w.state != tether::lease::WorkerState::Live)
+        .collect();
+    assert!(
+        dead.is_empty(),
+        "declared dead: {dead:?}\n{}",
+        diagnostics()
+    );
+    assert!(
+        diagnostics().contains("POD_NAME names a pod this process does not run in"),
+        "{}",
+        diagnostics()
+    );
+    assert!(
+        upstream.overlaps().is_empty(),
+        "overlaps: {:?}",
+        upstream.overlaps()
+    );
 }
 
 /// A confused deputy through the table: whoever can write the lease table

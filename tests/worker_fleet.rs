@@ -14,7 +14,7 @@ use tether_testkit::proxy::{FaultProxy, ProxyMode};
 use tether_testkit::sink::SinkFault;
 use tether_testkit::store::endpoint;
 use tether_testkit::upstream::{
-    FaultyUpstream, FeedOptions, Misbehavior, TlsUpstream, self_signed,
+    CloseIgnoringUpstream, FaultyUpstream, FeedOptions, Misbehavior, TlsUpstream, self_signed,
 };
 
 const EXE: &str = env!("CARGO_BIN_EXE_tether");
@@ -207,6 +207,65 @@ async fn a_worker_cut_off_from_dynamodb_closes_its_sessions_before_others_take_t
     )
     .await;
     bed.assert_safe(&names, 5);
+}
+
+/// At the fence a session drops its socket at once, without a close
+/// handshake: the fence margin (0.5 s here) is for the socket to be gone, and
+/// an upstream that never answers a close frame would otherwise hold it open
+/// for the whole close timeout (1 s), into the next owner's session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_session_is_gone_before_its_successor_even_if_the_upstream_never_answers_close() {
+    let bed = bed().await;
+    let upstream = CloseIgnoringUpstream::start(loopback()).await.unwrap();
+    let names: Vec<String> = (0..6).map(|i| format!("d-{i:02}")).collect();
+    for n in &names {
+        bed.apply_spec(n, &http_spec(&upstream.url(n), &bed.sink.url()), 1)
+            .await
+            .unwrap();
+    }
+    let store_addr = endpoint().0.trim_start_matches("http://").parse().unwrap();
+    let proxy = FaultProxy::start(loopback(), store_addr).await.unwrap();
+    let victim = bed
+        .fleet
+        .spawn_with("victim", &proxy.endpoint(), &["--no-rebalance"])
+        .unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the first worker serves every stream",
+        || async {
+            bed.owned_by(&victim.id).await == names.len()
+                && names.iter().all(|n| upstream.sessions(n).len() == 1)
+        },
+    )
+    .await;
+    let _others: Vec<_> = ["b", "c"]
+        .iter()
+        .map(|id| bed.fleet.spawn(id).unwrap())
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.set_mode(ProxyMode::Blackhole);
+    eventually(
+        Duration::from_secs(20),
+        "every stream is served again by a survivor",
+        || async {
+            bed.owned_by("victim").await == 0
+                && names.iter().all(|n| upstream.sessions(n).len() >= 2)
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        upstream.overlaps(),
+        Vec::new(),
+        "sessions open at once (stream, earlier, later)"
+    );
+    for n in &names {
+        assert_eq!(
+            bed.log(n).gaps(bed.first_seq),
+            Vec::<u64>::new(),
+            "{n}: gaps"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

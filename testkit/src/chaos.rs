@@ -59,7 +59,11 @@ pub struct ChaosReport {
     pub events: BTreeMap<&'static str, u32>,
     pub throttled_requests: u64,
     pub overlapping_sessions: usize,
+    /// Sequence numbers missing, per stream identity (a replaced stream is
+    /// a new identity whose feed starts again).
     pub sequence_gaps: usize,
+    /// Stream identities verified (streams, plus one per replacement).
+    pub identities: usize,
     /// Batches of a superseded owner the sink *applied* (judged when the
     /// sink applies them, by a sink that keeps processing after the client
     /// hung up): must be 0.
@@ -272,6 +276,7 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
     let mut sampler = tokio::time::interval(SAMPLE);
     let hold = cfg.lease + Duration::from_secs(1);
     let mut recreations = 0u32;
+    let mut identity_floors: HashMap<String, Vec<u64>> = HashMap::new();
 
     loop {
         sampler.tick().await;
@@ -344,19 +349,27 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
             continue;
         }
         if roll < 20 {
-            // Delete a stream and create it again under the same name: its
-            // tokens must go on growing, so the sink keeps accepting it.
+            // Replace a stream: delete it and create it again under the same
+            // name. That is a new stream (a new identity): the feed starts
+            // again at its first sequence number (no checkpoint carries
+            // over, so `{last_seq}` is empty), and its tokens start above
+            // every earlier one (the tombstone's + 1), so the sink keeps
+            // accepting it and the verifier tells the two apart by token.
             let name = &names[rng.random_range(0..names.len())];
+            let key = bed.key(name);
             if bed
                 .store
-                .delete_stream(&bed.key(name), Duration::from_secs(20))
+                .delete_stream(&key, Duration::from_secs(20))
                 .await?
                 == DeleteOutcome::Deleted
             {
+                let tombstone = bed.store.get(&key).await?;
+                let floor = tombstone.map_or(0, |t| t.lease_counter) + 1;
                 recreations += 1;
                 bed.apply_spec(name, &bed.spec(name), 1 + i64::from(recreations) * 10)
                     .await?;
-                count("delete_recreate");
+                identity_floors.entry(name.clone()).or_default().push(floor);
+                count("replaced_with_a_new_identity");
             }
             continue;
         }
@@ -537,8 +550,26 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
     if let Some(r) = &real_sinks {
         r.check(bed, &mut report).await?;
     }
-    report.sequence_gaps = bed.gaps(&names);
-    report.duplicates = bed.duplicates(&names);
+    // Keyed by identity: a replaced stream's new feed starts again, and a
+    // new identity that inherited its predecessor's checkpoint would skip
+    // its own beginning (a gap here), while one keyed by name alone would
+    // see the old identity's numbers fill it.
+    for n in &names {
+        let floors = identity_floors.get(n).map(Vec::as_slice).unwrap_or(&[]);
+        let log = bed.log(n);
+        report.sequence_gaps += log
+            .gaps_by_identity(bed.first_seq, floors)
+            .iter()
+            .map(Vec::len)
+            .sum::<usize>();
+        report.duplicates += log
+            .by_identity(floors)
+            .iter()
+            .flat_map(|seqs| seqs.values())
+            .map(|n| u64::from(n.saturating_sub(1)))
+            .sum::<u64>();
+        report.identities += floors.len() + 1;
+    }
     report.stale_deliveries = bed.stale(&names);
     report.stale_refused = bed.sink.refused_stale();
     report.delivered = bed.delivered(&names);

@@ -141,3 +141,56 @@ pub fn pod(name: &str, namespace: &str, restarts: u32) -> serde_json::Value {
         }]}
     })
 }
+
+/// `cmd` started as a kubelet would have started it in container `container`
+/// of the pod with UID `pod_uid`, as far as its own mount table shows: in a
+/// private mount namespace (`unshare`), with a file bind-mounted from
+/// `<dir>/kubelet/pods/<uid>/containers/<name>/<id>` the way the kubelet
+/// mounts a container's termination log. That mount is what the worker's
+/// container-restart proof trusts over `POD_NAME`. The wrapper `exec`s into
+/// `cmd`'s program, so the child's pid is the worker's.
+pub fn in_kubelet_container(
+    cmd: tokio::process::Command,
+    dir: &Path,
+    pod_uid: &str,
+    container: &str,
+) -> std::io::Result<tokio::process::Command> {
+    let id = format!("{:08x}", rand::random::<u32>());
+    let from = dir
+        .join("kubelet/pods")
+        .join(pod_uid)
+        .join("containers")
+        .join(container);
+    std::fs::create_dir_all(&from)?;
+    let from = from.join(&id);
+    std::fs::write(&from, b"")?;
+    let onto = dir.join(format!("termination-log-{id}"));
+    std::fs::write(&onto, b"")?;
+    let inner = cmd.as_std();
+    let mut wrapped = tokio::process::Command::new("unshare");
+    wrapped.arg("--mount");
+    if !nix::unistd::geteuid().is_root() {
+        wrapped.arg("--map-root-user");
+    }
+    wrapped
+        .args([
+            "sh",
+            "-c",
+            r#"mount --bind "$1" "$2" && shift 2 && exec "$@""#,
+            "sh",
+        ])
+        .arg(&from)
+        .arg(&onto)
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    for (key, value) in inner.get_envs() {
+        match value {
+            Some(v) => wrapped.env(key, v),
+            None => wrapped.env_remove(key),
+        };
+    }
+    if let Some(d) = inner.get_current_dir() {
+        wrapped.current_dir(d);
+    }
+    Ok(wrapped)
+}

@@ -217,3 +217,153 @@ async fn misbehave(
     use futures::StreamExt;
     while let Some(Ok(_)) = ws.next().await {}
 }
+
+/// One session of a [`CloseIgnoringUpstream`].
+#[derive(Clone, Debug)]
+pub struct RawSession {
+    pub opened: tokio::time::Instant,
+    /// When the client's end of the TCP connection was seen closed.
+    pub closed: Option<tokio::time::Instant>,
+}
+
+/// An upstream that never answers a WebSocket close frame (nor anything the
+/// client sends): after the handshake, written by hand, it sends
+/// `{"seq": n}` every 50 ms, resuming after `?after=`, and reads only to see
+/// the client's socket go. A client that waits for a close handshake waits in
+/// vain; what the upstream records is when the connection really ended.
+pub struct CloseIgnoringUpstream {
+    pub addr: SocketAddr,
+    sessions: Arc<Mutex<HashMap<String, Vec<RawSession>>>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for CloseIgnoringUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl CloseIgnoringUpstream {
+    pub async fn start(listen: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let sessions: Arc<Mutex<HashMap<String, Vec<RawSession>>>> = Arc::default();
+        let task = tokio::spawn({
+            let sessions = sessions.clone();
+            async move {
+                while let Ok((socket, _)) = listener.accept().await {
+                    tokio::spawn(serve_ignoring_close(socket, sessions.clone()));
+                }
+            }
+        });
+        Ok(Self {
+            addr,
+            sessions,
+            task,
+        })
+    }
+
+    pub fn url(&self, stream: &str) -> String {
+        format!("ws://{}/{stream}?after={{last_seq}}", self.addr)
+    }
+
+    pub fn sessions(&self, stream: &str) -> Vec<RawSession> {
+        lock(&self.sessions)
+            .get(stream)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Pairs of sessions of one stream that were open at the same time:
+    /// (stream, index of the earlier, index of the later).
+    pub fn overlaps(&self) -> Vec<(String, usize, usize)> {
+        let mut found = Vec::new();
+        for (stream, sessions) in lock(&self.sessions).iter() {
+            for (i, a) in sessions.iter().enumerate() {
+                for (j, b) in sessions.iter().enumerate().skip(i + 1) {
+                    if a.closed.is_none_or(|c| c > b.opened) {
+                        found.push((stream.clone(), i, j));
+                    }
+                }
+            }
+        }
+        found
+    }
+}
+
+async fn serve_ignoring_close(
+    mut socket: tokio::net::TcpStream,
+    sessions: Arc<Mutex<HashMap<String, Vec<RawSession>>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = socket.set_nodelay(true);
+    let mut request = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        match socket.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => request.extend_from_slice(&buf[..n]),
+        }
+    }
+    let request = String::from_utf8_lossy(&request).to_string();
+    let target = request.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+    let stream = path.trim_start_matches('/').to_string();
+    let after: u64 = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("after="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let Some(key) = request.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("sec-websocket-key")
+            .then(|| value.trim().to_string())
+    }) else {
+        return;
+    };
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let response = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+    );
+    if socket.write_all(response.as_bytes()).await.is_err() {
+        return;
+    }
+    let index = {
+        let mut all = lock(&sessions);
+        let list = all.entry(stream.clone()).or_default();
+        list.push(RawSession {
+            opened: tokio::time::Instant::now(),
+            closed: None,
+        });
+        list.len() - 1
+    };
+    let (mut reader, mut writer) = socket.into_split();
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(50));
+    let mut seq = after;
+    loop {
+        tokio::select! {
+            read = reader.read(&mut buf) => {
+                // Whatever the client sends (its close frame included) goes
+                // unanswered; only the end of the connection counts.
+                if matches!(read, Ok(0) | Err(_)) {
+                    break;
+                }
+            }
+            _ = tick.tick() => {
+                seq += 1;
+                let payload = format!("{{\"seq\":{seq}}}");
+                let mut frame = vec![0x81, payload.len() as u8];
+                frame.extend_from_slice(payload.as_bytes());
+                if writer.write_all(&frame).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    if let Some(s) = lock(&sessions)
+        .get_mut(&stream)
+        .and_then(|l| l.get_mut(index))
+    {
+        s.closed = Some(tokio::time::Instant::now());
+    }
+}

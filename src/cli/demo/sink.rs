@@ -47,6 +47,10 @@ pub struct StreamLog {
     pub refused_stale: u64,
     /// (arrival, token, worker) of each accepted batch.
     pub batches: Vec<(Instant, u64, String)>,
+    /// (token, sequence numbers) of each applied batch, in order: what a
+    /// verifier keyed by the stream's identity splits at the first token of
+    /// each later identity.
+    pub applied: Vec<(u64, Vec<u64>)>,
 }
 
 impl StreamLog {
@@ -69,6 +73,35 @@ impl StreamLog {
             .values()
             .map(|n| u64::from(n.saturating_sub(1)))
             .sum()
+    }
+
+    /// The stream's sequence numbers split by identity: a resource deleted
+    /// and created again under the same name is a new stream whose feed may
+    /// start again, and its tokens start above every earlier one. `floors`
+    /// are the first token of each later identity, ascending; identity `k`
+    /// holds the batches whose token is at or above `k` floors. seq → times
+    /// applied, per identity.
+    pub fn by_identity(&self, floors: &[u64]) -> Vec<BTreeMap<u64, u32>> {
+        let mut identities = vec![BTreeMap::new(); floors.len() + 1];
+        for (token, seqs) in &self.applied {
+            let k = floors.iter().filter(|f| token >= f).count();
+            for s in seqs {
+                *identities[k].entry(*s).or_insert(0) += 1;
+            }
+        }
+        identities
+    }
+
+    /// Per identity (see [`StreamLog::by_identity`]): the sequence numbers
+    /// missing between `first` and the highest that identity delivered.
+    pub fn gaps_by_identity(&self, first: u64, floors: &[u64]) -> Vec<Vec<u64>> {
+        self.by_identity(floors)
+            .iter()
+            .map(|seqs| match seqs.last_key_value() {
+                None => Vec::new(),
+                Some((&max, _)) => (first..=max).filter(|s| !seqs.contains_key(s)).collect(),
+            })
+            .collect()
     }
 }
 
@@ -180,5 +213,37 @@ async fn receive(
     }
     log.batches
         .push((Instant::now(), payload.token, payload.worker));
+    log.applied.push((
+        payload.token,
+        payload.messages.iter().map(|m| m.seq).collect(),
+    ));
     StatusCode::OK.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream replaced under its name: the old identity delivered 0..=9
+    /// with tokens 1 and 2; the new one (tokens from 4) should start again
+    /// at 0, but resumed at 10 as if it had inherited the old checkpoint.
+    /// Keyed by name, nothing is missing; keyed by identity, 0..=9 are.
+    #[test]
+    fn a_new_identity_that_skips_its_beginning_shows_gaps_only_keyed_by_identity() {
+        let mut log = StreamLog::default();
+        for (token, seqs) in [(1, 0..5), (2, 5..10), (4, 10..15)] {
+            let seqs: Vec<u64> = seqs.collect();
+            for s in &seqs {
+                *log.seqs.entry(*s).or_insert(0) += 1;
+            }
+            log.applied.push((token, seqs));
+        }
+        assert_eq!(log.gaps(0), Vec::<u64>::new());
+        let gaps = log.gaps_by_identity(0, &[3]);
+        assert_eq!(gaps[0], Vec::<u64>::new());
+        assert_eq!(gaps[1], (0..10).collect::<Vec<u64>>());
+        // Started again at 0, as it must: no gaps in either identity.
+        log.applied[2] = (4, (0..5).collect());
+        assert_eq!(log.gaps_by_identity(0, &[3]), vec![Vec::<u64>::new(); 2]);
+    }
 }

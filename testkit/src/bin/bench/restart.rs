@@ -37,11 +37,18 @@ async fn one(ctx: &Ctx, record_restart: bool) -> anyhow::Result<Value> {
     let upstream = tether_testkit::upstream::start(loopback(), 10).await?;
     let http = reqwest::Client::new();
     let pods = format!("{}/api/v1/namespaces/bench/pods", emulator.url);
-    http.post(&pods)
+    let created: Value = http
+        .post(&pods)
         .json(&k8s::pod("tether-0", "bench", 0))
         .send()
         .await?
-        .error_for_status()?;
+        .error_for_status()?
+        .json()
+        .await?;
+    let pod_uid = created["metadata"]["uid"]
+        .as_str()
+        .ok_or_else(|| anyhow::anyhow!("the emulator gave the pod no uid: {created}"))?
+        .to_string();
     let names: Vec<String> = (0..STREAMS).map(|i| format!("r{i:02}")).collect();
     for n in &names {
         store
@@ -58,21 +65,24 @@ async fn one(ctx: &Ctx, record_restart: bool) -> anyhow::Result<Value> {
     ));
     std::fs::create_dir_all(&dir)?;
     let kubeconfig = emulator.kubeconfig(&dir, "bench");
+    // Each run is the pod's container as its own mounts show it (what the
+    // proof checks besides POD_NAME).
     let start = |log: &str| -> anyhow::Result<tokio::process::Child> {
-        Ok(k8s::operator_command(
+        let mut cmd = k8s::operator_command(
             &ctx.exe,
             store.table(),
             "tether-0",
             &kubeconfig,
             ctx.profile.lease,
             ctx.profile.heartbeat,
-        )
-        .env("POD_NAME", "tether-0")
-        .env("POD_NAMESPACE", "bench")
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(dir.join(log))?))
-        .kill_on_drop(true)
-        .spawn()?)
+        );
+        cmd.env("POD_NAME", "tether-0")
+            .env("POD_NAMESPACE", "bench");
+        Ok(k8s::in_kubelet_container(cmd, &dir, &pod_uid, "tether")?
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(dir.join(log))?))
+            .kill_on_drop(true)
+            .spawn()?)
     };
     let mut first = start("first.log")?;
     tether_testkit::bed::Bed::wait(
