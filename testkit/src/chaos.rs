@@ -333,10 +333,14 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
                     }
                     1 => (SinkFault::Slow(Duration::from_millis(1500)), "slow_sink"),
                     // Requests keep being processed after the client hung up,
-                    // for up to 3 s (within the sink's timeout).
+                    // for up to 10 s: past the sink's 2 s timeout too, which
+                    // breaks the contract's one promise. A voluntary release
+                    // waits only that timeout, so an old owner's batch can
+                    // land after the new owner's; the sink checks tokens, so
+                    // it must be refused (counted), never applied.
                     _ => (
                         SinkFault::SlowAfterHangUp(Duration::from_millis(
-                            rng.random_range(0..3000),
+                            rng.random_range(0..10_000),
                         )),
                         "sink_processing_after_hang_up",
                     ),
