@@ -162,3 +162,22 @@ each), not cluster-wide. */}}
     resources: ["events"]
     verbs: ["create", "patch"]
 {{- end }}
+
+{{/*
+A regular expression (RE2, case-insensitive) that a URL matches when its host
+is allowed by a list of host patterns, as the workers read them: an exact name
+or address, or `*.suffix` for the names under it. Anchored on the scheme and
+on the end of the host, so `feeds.example.com.evil.io` or a path that merely
+contains an allowed name does not pass.
+*/}}
+{{- define "tether.hostRegex" -}}
+{{- $alternatives := list -}}
+{{- range . -}}
+{{- if hasPrefix "*." . -}}
+{{- $alternatives = append $alternatives (printf "[^/?#@:\\[\\]]+%s" (regexQuoteMeta (trimPrefix "*" .))) -}}
+{{- else -}}
+{{- $alternatives = append $alternatives (regexQuoteMeta .) -}}
+{{- end -}}
+{{- end -}}
+{{- printf "(?i)^[a-z][a-z0-9+.-]*://(%s)(:[0-9]+)?([/?#]|$)" (join "|" $alternatives) -}}
+{{- end }}
