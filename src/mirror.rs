@@ -4,7 +4,26 @@
 //! both so neither the API types nor the store know of each other.
 
 use crate::crd::{DesiredStateSpec, StreamConnectionSpec, stored};
-use crate::lease::{DesiredState, DesiredStream, ResourceIdentity, StreamKey};
+use crate::lease::{DesiredState, DesiredStream, OwnerRequests, ResourceIdentity, StreamKey};
+use std::collections::BTreeMap;
+
+/// Set to a new value (a timestamp, a counter) to have the owner close the
+/// session and open it again, once.
+pub(crate) const RECONNECT_ANNOTATION: &str = "tether.dev/reconnect";
+/// Set to a new value to have the owner hand the stream to another worker,
+/// once.
+pub(crate) const MOVE_ANNOTATION: &str = "tether.dev/move";
+
+/// What a resource's annotations ask of its owner. Mirrored into the item
+/// beside the spec, not in it: asking is not a spec change, and the value is
+/// what the owner compares with the one it last acted on.
+pub(crate) fn requests_of(annotations: &BTreeMap<String, String>) -> OwnerRequests {
+    let value = |name: &str| annotations.get(name).filter(|v| !v.is_empty()).cloned();
+    OwnerRequests {
+        reconnect: value(RECONNECT_ANNOTATION),
+        move_away: value(MOVE_ANNOTATION),
+    }
+}
 
 impl From<DesiredStateSpec> for DesiredState {
     fn from(value: DesiredStateSpec) -> Self {
@@ -31,6 +50,7 @@ impl StreamConnectionSpec {
             spec: stored::encode(self),
             generation,
             resource,
+            requests: Default::default(),
         }
     }
 }

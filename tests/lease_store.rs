@@ -24,6 +24,7 @@ fn desired(name: &str, state: DesiredState, generation: i64) -> DesiredStream {
         spec: json!({"sink": {"log": {}}}).to_string(),
         generation,
         resource: None,
+        requests: Default::default(),
     }
 }
 

@@ -715,3 +715,84 @@ async fn an_item_written_straight_into_the_table_is_not_served_and_reads_no_secr
     );
     let _ = operator.start_kill();
 }
+
+/// `kubectl annotate sconn live tether.dev/reconnect=<new value>`: the
+/// controller mirrors the annotation beside the spec (no generation change),
+/// and the owner closes the session and opens it again, once per value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_annotation_asks_the_owner_to_reconnect_once_per_value() {
+    let emulator = Emulator::start();
+    let store = fresh_store(None).await;
+    let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::fs::File::create(dir.path().join("operator.log")).unwrap();
+    let _operator = operator_command(&store, "op-1", dir.path(), &emulator)
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::new();
+    create(
+        &http,
+        format!("{}{PATH}", emulator.url),
+        &log_stream("live", &upstream.url("live")),
+    )
+    .await;
+    let diagnostics =
+        || std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
+    let open_once = || upstream.open_sessions().get("live") == Some(&1);
+    eventually_or(
+        Duration::from_secs(30),
+        "the stream is served",
+        || async { open_once() },
+        diagnostics,
+    )
+    .await;
+    let annotate = |value: &'static str| {
+        let http = http.clone();
+        let url = format!("{}{PATH}/live", emulator.url);
+        async move {
+            let patched = http
+                .patch(url)
+                .header("content-type", "application/merge-patch+json")
+                .body(
+                    json!({"metadata": {"annotations": {"tether.dev/reconnect": value}}})
+                        .to_string(),
+                )
+                .send()
+                .await
+                .unwrap();
+            assert!(patched.status().is_success(), "{patched:?}");
+        }
+    };
+    annotate("1").await;
+    eventually_or(
+        Duration::from_secs(20),
+        "a second session, and only one open",
+        || async { upstream.sessions_of("live").len() == 2 && open_once() },
+        diagnostics,
+    )
+    .await;
+    let item = store
+        .get(&StreamKey::new("feeds", "live"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(item.requests.reconnect.as_deref(), Some("1"));
+    assert_eq!(item.generation, 1, "an annotation is not a spec change");
+    // The same value again (any other change to the resource) asks nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(upstream.sessions_of("live").len(), 2, "{}", diagnostics());
+    annotate("2").await;
+    eventually_or(
+        Duration::from_secs(20),
+        "a third session for the new value",
+        || async { upstream.sessions_of("live").len() == 3 && open_once() },
+        diagnostics,
+    )
+    .await;
+    assert!(upstream.overlaps().is_empty());
+}

@@ -200,11 +200,12 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     let generation = obj.metadata.generation.unwrap_or(1);
-    let desired = obj.spec.to_desired(
+    let mut desired = obj.spec.to_desired(
         key.clone(),
         generation,
         resource_of(obj, ctx.settings.item_installation()),
     );
+    desired.requests = crate::mirror::requests_of(obj.annotations());
     // The status needs the item anyway: read it first, and write (a read
     // and a conditional write of its own) only when it does not match.
     let mut view = ctx.store.view(&key).await?;
@@ -339,13 +340,13 @@ async fn cleanup_item(
         let mut spec = obj.spec.clone();
         spec.desired_state = DesiredStateSpec::Stopped;
         let generation = obj.metadata.generation.unwrap_or(1).max(record.generation);
-        ctx.store
-            .upsert_desired(&spec.to_desired(
-                key.clone(),
-                generation,
-                resource_of(obj, ctx.settings.item_installation()),
-            ))
-            .await?;
+        let mut stopped = spec.to_desired(
+            key.clone(),
+            generation,
+            resource_of(obj, ctx.settings.item_installation()),
+        );
+        stopped.requests = crate::mirror::requests_of(obj.annotations());
+        ctx.store.upsert_desired(&stopped).await?;
     }
     let alive = ctx.store.owner_alive(&record).await?;
     let waited = obj

@@ -268,6 +268,7 @@ mod tests {
                     reconnects: 2,
                     ..Default::default()
                 }),
+                requests: Default::default(),
             },
             owner: owner.zip(inc).map(|((id, alive), inc)| OwnerView {
                 owner: inc.to_string(),

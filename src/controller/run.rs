@@ -121,9 +121,14 @@ fn worth_reconciling(obj: &StreamConnection) -> Option<u64> {
     obj.metadata.deletion_timestamp.is_some().hash(&mut h);
     obj.finalizers().hash(&mut h);
     obj.labels().hash(&mut h);
-    obj.annotations()
-        .get(super::settings::SKIP_CLEANUP_ANNOTATION)
-        .hash(&mut h);
+    let annotations = obj.annotations();
+    for name in [
+        super::settings::SKIP_CLEANUP_ANNOTATION,
+        crate::mirror::RECONNECT_ANNOTATION,
+        crate::mirror::MOVE_ANNOTATION,
+    ] {
+        annotations.get(name).hash(&mut h);
+    }
     Some(h.finish())
 }
 

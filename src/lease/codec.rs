@@ -3,8 +3,8 @@
 
 use super::keys::{Incarnation, StreamKey};
 use super::record::{
-    Checkpoint, Checkpoints, DesiredState, FleetEntry, InboxEntry, PodIdentity, StreamRecord,
-    WorkerRecord, WorkerState,
+    Checkpoint, Checkpoints, DesiredState, FleetEntry, InboxEntry, OwnerRequests, PodIdentity,
+    StreamRecord, WorkerRecord, WorkerState,
 };
 use super::session_status::{Phase, ReleaseReason, SessionStatus};
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -41,6 +41,8 @@ pub mod attr {
     pub const CREATED_AT_MS: &str = "created_at_ms";
     pub const ACQUIRED_AT_MS: &str = "acquired_at_ms";
     pub const DELETED_AT_MS: &str = "deleted_at_ms";
+    pub const RECONNECT_REQUEST: &str = "reconnect_request";
+    pub const MOVE_REQUEST: &str = "move_request";
     // Worker items.
     pub const INCARNATION: &str = "incarnation";
     /// The roster item's set of enrolled incarnations.
@@ -215,6 +217,10 @@ pub fn stream_record(item: &Item) -> Result<StreamRecord, Malformed> {
         deleted_at_ms,
         served_generation: r.signed(attr::SERVED_GENERATION).ok().flatten(),
         status,
+        requests: OwnerRequests {
+            reconnect: r.text(attr::RECONNECT_REQUEST),
+            move_away: r.text(attr::MOVE_REQUEST),
+        },
     })
 }
 

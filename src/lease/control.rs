@@ -104,6 +104,7 @@ fn matches(current: &StreamRecord, desired: &DesiredStream) -> bool {
                 .resource
                 .as_ref()
                 .map_or("", |r| r.installation.as_str())
+        && current.requests == desired.requests
         && free_holder_ok
 }
 
@@ -152,6 +153,26 @@ impl LeaseStore {
             g.set("ws_url", ":u", s(&desired.ws_url));
             g.set("spec", ":spec", s(&desired.spec));
             g.set("#gen", ":g", n(desired.generation));
+            for (attribute, placeholder, value, stored) in [
+                (
+                    attr::RECONNECT_REQUEST,
+                    ":reconnect",
+                    &desired.requests.reconnect,
+                    current.as_ref().and_then(|c| c.requests.reconnect.as_ref()),
+                ),
+                (
+                    attr::MOVE_REQUEST,
+                    ":move",
+                    &desired.requests.move_away,
+                    current.as_ref().and_then(|c| c.requests.move_away.as_ref()),
+                ),
+            ] {
+                match value {
+                    Some(v) => g.set(attribute, placeholder, s(v)),
+                    None if stored.is_some() => g.remove(attribute),
+                    None => {}
+                }
+            }
             g.set_clause("#exp = if_not_exists(#exp, :zero)");
             g.value(":zero", n(0));
             let reviving = current.as_ref().is_some_and(StreamRecord::is_tombstone);
@@ -310,6 +331,7 @@ impl LeaseStore {
                 spec,
                 generation: current.generation + 1,
                 resource: None,
+                requests: current.requests.clone(),
             };
             if let UpsertOutcome::Refused { reason } = self.upsert_desired(&stopped).await? {
                 return Err(StoreError::Rejected {

@@ -46,8 +46,8 @@ pub use keys::{
 pub use reads::Found;
 pub use record::{
     AcquireFrom, AcquireOutcome, Checkpoint, Checkpoints, DesiredState, DesiredStream, FleetEntry,
-    InboxEntry, Lease, OWNED_EXPIRY_MS, OwnerWrite, Ownership, PodIdentity, ResourceIdentity,
-    StreamRecord, UpsertOutcome, UpsertRefusal, WorkerRecord, WorkerState,
+    InboxEntry, Lease, OWNED_EXPIRY_MS, OwnerRequests, OwnerWrite, Ownership, PodIdentity,
+    ResourceIdentity, StreamRecord, UpsertOutcome, UpsertRefusal, WorkerRecord, WorkerState,
 };
 pub use session_status::{Phase, ReleaseReason, SessionStatus};
 pub use view::{OwnerView, StreamView};

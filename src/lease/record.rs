@@ -85,6 +85,20 @@ pub struct StreamRecord {
     /// The generation the owner's current session was started with.
     pub served_generation: Option<i64>,
     pub status: Option<SessionStatus>,
+    /// What the resource asks of its owner (annotations), acted on once per value.
+    pub requests: OwnerRequests,
+}
+
+/// What a resource's annotations ask of the stream's owner. Each is acted on
+/// once per value, by the owner holding the stream when the value changed: a
+/// later owner finds the value already there when it acquires, so nothing is
+/// repeated. Neither is part of the spec: asking changes no generation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct OwnerRequests {
+    /// `tether.dev/reconnect`: close the session and open it again.
+    pub reconnect: Option<String>,
+    /// `tether.dev/move`: hand the stream to another worker.
+    pub move_away: Option<String>,
 }
 
 impl StreamRecord {
@@ -301,6 +315,8 @@ pub struct DesiredStream {
     pub generation: i64,
     /// The Kubernetes resource's UID and creation time (ms); `None` standalone.
     pub resource: Option<ResourceIdentity>,
+    /// The resource's requests to its owner (none standalone).
+    pub requests: OwnerRequests,
 }
 
 /// Which Kubernetes resource a mirror write comes from. A newer resource
@@ -367,6 +383,7 @@ mod tests {
             deleted_at_ms: None,
             served_generation: None,
             status: None,
+            requests: OwnerRequests::default(),
         }
     }
 

@@ -80,6 +80,9 @@ pub enum ReleaseReason {
     /// Acquired by accident (an ambiguous write resolved on a later pass) and
     /// not wanted.
     Unwanted,
+    /// Handed to another worker because the resource asked for it (a new
+    /// value of its `tether.dev/move` annotation).
+    Moved,
 }
 
 impl ReleaseReason {
@@ -89,6 +92,7 @@ impl ReleaseReason {
             Self::Stopped => "stopped",
             Self::Rebalance => "rebalance",
             Self::Unwanted => "unwanted",
+            Self::Moved => "moved",
         }
     }
 
@@ -98,6 +102,7 @@ impl ReleaseReason {
             Self::Stopped,
             Self::Rebalance,
             Self::Unwanted,
+            Self::Moved,
         ]
         .into_iter()
         .find(|r| r.as_str() == s)

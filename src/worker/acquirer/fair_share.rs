@@ -74,13 +74,17 @@ pub(super) enum Orphan {
     Released { age_ms: u64 },
     /// Released by an owner to rebalance the fleet, `age_ms` ago.
     Rebalanced { age_ms: u64 },
+    /// Released because the resource asked for another worker, `age_ms` ago;
+    /// `by_me` when this incarnation released it.
+    Moved { by_me: bool, age_ms: u64 },
     /// Never owned; created `age_ms` ago.
     New { age_ms: u64 },
 }
 
-/// Classifies a free stream from its (index) item. Ages compare wall clocks of
-/// different machines, which is fine for a grace period and never for safety.
-pub(super) fn classify_free(r: &StreamRecord, now_ms: u64) -> Orphan {
+/// Classifies a free stream from its (index) item, as seen by `me`. Ages
+/// compare wall clocks of different machines, which is fine for a grace
+/// period and never for safety.
+pub(super) fn classify_free(r: &StreamRecord, now_ms: u64, me: &Incarnation) -> Orphan {
     let since = |t: Option<u64>| t.map_or(u64::MAX, |t| now_ms.saturating_sub(t));
     if r.lease_owner.is_none() {
         return Orphan::New {
@@ -90,6 +94,10 @@ pub(super) fn classify_free(r: &StreamRecord, now_ms: u64) -> Orphan {
     let age_ms = since(r.released_at_ms);
     match r.release_reason {
         Some(ReleaseReason::Rebalance) => Orphan::Rebalanced { age_ms },
+        Some(ReleaseReason::Moved) => Orphan::Moved {
+            by_me: r.lease_owner.as_deref() == Some(me.as_str()),
+            age_ms,
+        },
         _ => Orphan::Released { age_ms },
     }
 }
@@ -111,6 +119,12 @@ pub(super) struct AcquirePolicy {
 
 impl AcquirePolicy {
     pub(super) fn allows(&self, orphan: Orphan) -> bool {
+        // A stream asked to move goes to anyone but the worker that let it
+        // go, whatever the shares; that one takes it back only when nobody
+        // else did (a fleet of one), after the rebalance grace.
+        if let Orphan::Moved { by_me, age_ms } = orphan {
+            return !by_me || age_ms >= self.rebalance_grace_ms;
+        }
         if self.below_share.is_none_or(|n| n > 0) {
             return true;
         }
@@ -118,6 +132,7 @@ impl AcquirePolicy {
             Orphan::Crashed => true,
             Orphan::Released { age_ms } | Orphan::New { age_ms } => age_ms >= self.share_grace_ms,
             Orphan::Rebalanced { age_ms } => age_ms >= self.rebalance_grace_ms,
+            Orphan::Moved { .. } => true,
         }
     }
 
@@ -173,6 +188,78 @@ mod tests {
         assert_eq!(v.live(), 1);
         assert_eq!(v.fair_share(12, 0), 12);
         assert!(!v.peer_below(6));
+    }
+
+    /// A stream asked to move: every other worker takes it at once, beyond
+    /// its share too; the worker that let it go does not, even below its
+    /// share, until the rebalance grace has passed (then it is the only one
+    /// left to serve it).
+    #[test]
+    fn a_moved_stream_goes_to_anyone_but_the_worker_that_let_it_go() {
+        let below = AcquirePolicy {
+            below_share: Some(3),
+            share_grace_ms: 1000,
+            rebalance_grace_ms: 2000,
+        };
+        let full = AcquirePolicy {
+            below_share: Some(0),
+            ..below
+        };
+        let mine = |age_ms| Orphan::Moved {
+            by_me: true,
+            age_ms,
+        };
+        let theirs = |age_ms| Orphan::Moved {
+            by_me: false,
+            age_ms,
+        };
+        assert!(full.allows(theirs(0)));
+        assert!(below.allows(theirs(0)));
+        assert!(!below.allows(mine(0)));
+        assert!(!below.allows(mine(1999)));
+        assert!(below.allows(mine(2000)));
+        let me = Incarnation::new("a");
+        let mut r = crate::lease::StreamRecord {
+            lease_owner: Some(me.to_string()),
+            release_reason: Some(ReleaseReason::Moved),
+            released_at_ms: Some(1_000),
+            ..test_record()
+        };
+        assert_eq!(classify_free(&r, 1_500, &me), mine(500));
+        assert_eq!(
+            classify_free(&r, 1_500, &Incarnation::new("b")),
+            theirs(500)
+        );
+        r.release_reason = Some(ReleaseReason::Rebalance);
+        assert_eq!(
+            classify_free(&r, 1_500, &me),
+            Orphan::Rebalanced { age_ms: 500 }
+        );
+    }
+
+    fn test_record() -> crate::lease::StreamRecord {
+        crate::lease::StreamRecord {
+            key: crate::lease::StreamKey::new("ns", "s"),
+            desired_state: crate::lease::DesiredState::Started,
+            ws_url: "ws://x/".into(),
+            spec: None,
+            generation: 1,
+            uid: None,
+            resource_created_ms: None,
+            installation: None,
+            lease_owner: None,
+            lease_expires_at_ms: 0,
+            lease_counter: 1,
+            checkpoint: None,
+            holder: None,
+            released_at_ms: None,
+            release_reason: None,
+            created_at_ms: None,
+            deleted_at_ms: None,
+            served_generation: None,
+            status: None,
+            requests: Default::default(),
+        }
     }
 
     #[test]

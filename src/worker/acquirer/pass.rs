@@ -307,7 +307,7 @@ impl Acquirer {
             }
             if let Some(from) = from(&record) {
                 let orphan = match from {
-                    AcquireFrom::Free => classify_free(&record, now),
+                    AcquireFrom::Free => classify_free(&record, now, &self.me),
                     _ => Orphan::Crashed,
                 };
                 let source = record
@@ -431,7 +431,11 @@ impl Acquirer {
         let now = now_ms();
         match c.orphan {
             Orphan::Crashed => {}
-            Orphan::Released { age_ms } | Orphan::Rebalanced { age_ms } if age_ms != u64::MAX => {
+            Orphan::Released { age_ms }
+            | Orphan::Rebalanced { age_ms }
+            | Orphan::Moved { age_ms, .. }
+                if age_ms != u64::MAX =>
+            {
                 self.ctx
                     .metrics
                     .handoff_seconds

@@ -303,6 +303,29 @@ impl Holder {
             };
             return Some(self.release(session, ReleaseReason::Stopped).await);
         }
+        // Asked once per value: this owner acquired the stream with the
+        // values then current, so only a change since is a request to it.
+        if current.requests.move_away != self.record.requests.move_away {
+            tracing::info!(stream = %key, request = ?current.requests.move_away, "asked to move: handing the stream to another worker");
+            self.record.requests = current.requests.clone();
+            return Some(self.release(session, ReleaseReason::Moved).await);
+        }
+        if current.requests.reconnect != self.record.requests.reconnect
+            && current.generation == self.record.generation
+            && stored::fingerprint(current.spec.as_deref()) == self.spec_digest
+        {
+            tracing::info!(stream = %key, request = ?current.requests.reconnect, "asked to reconnect: closing the session and opening it again");
+            if let Some(running) = session.take() {
+                self.stop_session(running, self.ctx.settings.drain_timeout)
+                    .await;
+            }
+            self.record.requests = current.requests.clone();
+            self.failed = false;
+            self.held
+                .progress
+                .update_status(|s| s.phase = Phase::Pending);
+            return None;
+        }
         if current.generation != self.record.generation
             || current.ws_url != self.record.ws_url
             || stored::fingerprint(current.spec.as_deref()) != self.spec_digest
@@ -457,6 +480,7 @@ impl Holder {
             ReleaseReason::Shutdown => (Phase::Pending, Some("OwnerShutdown")),
             ReleaseReason::Rebalance => (Phase::Pending, Some("Rebalancing")),
             ReleaseReason::Unwanted => (Phase::Pending, Some("Released")),
+            ReleaseReason::Moved => (Phase::Pending, Some("Moving")),
         };
         let current = self.held.progress.status();
         let status = if current.phase == Phase::Failed && reason != ReleaseReason::Stopped {
