@@ -6,18 +6,38 @@
 //! message, and answers `open N` once all N are connected. A line `count`
 //! answers `count M`: the text messages read so far (the throughput
 //! benchmark's bare read loop).
+//!
+//! With `TETHER_BENCH_FORWARD_TO=<sink URL>` it is the forwarding floor
+//! instead: the simplest correct forwarder written plainly. Each session
+//! reads, batches like tether's HTTP sink (up to [`FORWARD_BATCH`] messages,
+//! [`FORWARD_LINGER`] after the first), and POSTs each batch as
+//! `{"messages":[<message>,...]}` with the messages as they arrived (no
+//! sequence number found, no token, no escaping, no checkpoint), waiting for
+//! the answer before reading on. `count` then answers what the sink
+//! acknowledged.
 
 use futures::StreamExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 use tether::worker::{READ_BUFFER_BYTES, tls_config};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
+/// The forwarding floor's batch: the throughput benchmark's tether spec.
+pub const FORWARD_BATCH: usize = 500;
+pub const FORWARD_LINGER: Duration = Duration::from_millis(5);
+/// Where the forwarding floor POSTs (unset: the bare read loop).
+pub const FORWARD_TO_ENV: &str = "TETHER_BENCH_FORWARD_TO";
+
 pub async fn run(template: &str, ca: Option<&str>) -> anyhow::Result<()> {
     let tls = tls_config(ca.map(std::path::Path::new)).map_err(anyhow::Error::msg)?;
+    let forward = std::env::var(FORWARD_TO_ENV).ok().map(|url| Forward {
+        url,
+        client: reqwest::Client::new(),
+    });
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     let mut open = 0usize;
     let mut stdout = tokio::io::stdout();
@@ -33,7 +53,7 @@ pub async fn run(template: &str, ca: Option<&str>) -> anyhow::Result<()> {
         let connects: Vec<_> = (open..target)
             .map(|i| {
                 let url = template.replace("{name}", &format!("bare-{i:05}"));
-                tokio::spawn(session(url, tls.clone(), read.clone()))
+                tokio::spawn(session(url, tls.clone(), read.clone(), forward.clone()))
             })
             .collect();
         let (tx, mut rx) = tokio::sync::mpsc::channel::<anyhow::Result<()>>(target.max(1));
@@ -62,6 +82,7 @@ async fn session(
     url: String,
     tls: Arc<rustls::ClientConfig>,
     read: Arc<AtomicU64>,
+    forward: Option<Forward>,
 ) -> anyhow::Result<()> {
     let parsed = url::Url::parse(&url)?;
     let host = parsed.host_str().unwrap_or_default().to_string();
@@ -78,12 +99,76 @@ async fn session(
             .await?;
         let (ws, _) =
             tokio_tungstenite::client_async_with_config(url, stream, Some(config)).await?;
-        tokio::spawn(ws.for_each(move |m| count(m, &read)));
+        match forward {
+            Some(f) => tokio::spawn(f.run(ws, read)),
+            None => tokio::spawn(ws.for_each(move |m| count(m, &read))),
+        };
     } else {
         let (ws, _) = tokio_tungstenite::client_async_with_config(url, tcp, Some(config)).await?;
-        tokio::spawn(ws.for_each(move |m| count(m, &read)));
+        match forward {
+            Some(f) => tokio::spawn(f.run(ws, read)),
+            None => tokio::spawn(ws.for_each(move |m| count(m, &read))),
+        };
     }
     Ok(())
+}
+
+/// The forwarding floor's sink.
+#[derive(Clone)]
+struct Forward {
+    url: String,
+    client: reqwest::Client,
+}
+
+impl Forward {
+    /// Read, batch, POST, wait for the answer, read on; counts what the sink
+    /// acknowledged in `acked`.
+    async fn run<S>(self, mut ws: S, acked: Arc<AtomicU64>)
+    where
+        S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+    {
+        loop {
+            let mut body = Vec::with_capacity(64 * 1024);
+            body.extend_from_slice(b"{\"messages\":[");
+            let mut n = 0usize;
+            let mut linger = None;
+            while n < FORWARD_BATCH {
+                let next = match linger {
+                    None => ws.next().await,
+                    Some(until) => match tokio::time::timeout_at(until, ws.next()).await {
+                        Ok(next) => next,
+                        Err(_) => break,
+                    },
+                };
+                match next {
+                    Some(Ok(Message::Text(text))) => {
+                        if n > 0 {
+                            body.push(b',');
+                        }
+                        body.extend_from_slice(text.as_bytes());
+                        n += 1;
+                        linger.get_or_insert_with(|| tokio::time::Instant::now() + FORWARD_LINGER);
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) | None => return,
+                }
+            }
+            body.extend_from_slice(b"]}");
+            let sent = self
+                .client
+                .post(&self.url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await;
+            match sent {
+                Ok(r) if r.status().is_success() => {
+                    acked.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                _ => return,
+            }
+        }
+    }
 }
 
 fn count(
@@ -108,6 +193,17 @@ impl BareClient {
     /// Starts the client for `template` (trusting `ca` for `wss://`), on
     /// `cpu` alone when given (`taskset`).
     pub fn spawn(template: &str, ca: Option<&str>, cpu: Option<usize>) -> anyhow::Result<Self> {
+        Self::spawn_forwarding(template, ca, cpu, None)
+    }
+
+    /// As [`BareClient::spawn`]; with `forward_to`, the forwarding floor
+    /// posting to that sink.
+    pub fn spawn_forwarding(
+        template: &str,
+        ca: Option<&str>,
+        cpu: Option<usize>,
+        forward_to: Option<&str>,
+    ) -> anyhow::Result<Self> {
         use anyhow::Context;
         let exe = std::env::current_exe()?;
         let mut cmd = match cpu {
@@ -121,6 +217,9 @@ impl BareClient {
         cmd.arg("bare-sessions").arg(template);
         if let Some(ca) = ca {
             cmd.arg(ca);
+        }
+        if let Some(sink) = forward_to {
+            cmd.env(FORWARD_TO_ENV, sink);
         }
         let mut child = cmd
             .stdin(std::process::Stdio::piped())

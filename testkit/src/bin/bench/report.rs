@@ -314,7 +314,11 @@ fn markdown(r: &Value) -> String {
             let x = &t[scheme];
             for (client, label) in [
                 ("tether", "tether → HTTP sink (batches ≤ 500)"),
-                ("bare", "bare read loop"),
+                (
+                    "forwarding_floor",
+                    "forwarding floor (read, batch ≤ 500, POST raw)",
+                ),
+                ("bare", "bare read loop (sends nothing)"),
             ] {
                 let y = &x[client];
                 md.push_str(&format!(
@@ -326,7 +330,10 @@ fn markdown(r: &Value) -> String {
                 ));
             }
             md.push_str(&format!(
-                "| {scheme} | tether / bare | {}× | | {}× | |\n",
+                "| {scheme} | tether / forwarding floor (goal ≥ 0.8 per CPU s) | {}× | | {}× | |\n\
+                 | {scheme} | tether / bare read loop | {}× | | {}× | |\n",
+                f(&x["ratio_to_floor_msgs_per_s"]),
+                f(&x["ratio_to_floor_msgs_per_cpu_s"]),
                 f(&x["ratio_msgs_per_s"]),
                 f(&x["ratio_msgs_per_cpu_s"])
             ));

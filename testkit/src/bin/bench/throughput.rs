@@ -1,8 +1,11 @@
 //! Saturated forwarding throughput, `ws://` and `wss://`: one worker
 //! forwarding every message from an upstream that sends as fast as the
-//! sockets take (the blaster) to an HTTP sink in batches, next to a bare
-//! tokio-tungstenite (+ tokio-rustls) read loop over the same upstream in the
-//! same run — messages per second and per CPU second of the measured process.
+//! sockets take (the blaster) to an HTTP sink in batches, next to two floors
+//! over the same upstream in the same run: the forwarding floor (the
+//! simplest correct forwarder, written plainly: read, batch, POST the raw
+//! messages, wait for the answer; `bare.rs`) and a bare tokio-tungstenite
+//! (+ tokio-rustls) read loop that sends nothing anywhere — messages per
+//! second and per CPU second of the measured process.
 //!
 //! Saturated means the measured process is the bottleneck: it runs alone on
 //! one CPU (`taskset`), while the upstream, the sink and the store (this
@@ -33,26 +36,35 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
     let sessions = ctx.profile.throughput_sessions;
     let mut out = serde_json::Map::new();
     for scheme in ["ws", "wss"] {
-        let bare = bare_loop(ctx, scheme, &pins).await?;
+        let bare = bare_loop(ctx, scheme, &pins, false).await?;
+        let floor = bare_loop(ctx, scheme, &pins, true).await?;
         let tether = forwarding(ctx, scheme, &pins).await?;
-        let ratio = |k: &str| {
-            round2(tether[k].as_f64().unwrap_or(f64::NAN) / bare[k].as_f64().unwrap_or(f64::NAN))
+        let ratio = |k: &str, of: &Value| {
+            round2(tether[k].as_f64().unwrap_or(f64::NAN) / of[k].as_f64().unwrap_or(f64::NAN))
         };
-        let (per_cpu, per_s) = (ratio("msgs_per_cpu_s"), ratio("msgs_per_s"));
-        for (who, x) in [("tether → HTTP sink", &tether), ("bare read loop", &bare)] {
+        for (who, x) in [
+            ("tether → HTTP sink", &tether),
+            ("forwarding floor", &floor),
+            ("bare read loop", &bare),
+        ] {
             println!(
                 "throughput {scheme:<3} {who:<18} {:>9} msg/s | {:>9} msg per CPU s | measured process {} cores, load generator {} cores",
                 x["msgs_per_s"], x["msgs_per_cpu_s"], x["cpu_cores"], x["load_generator_cpu_cores"]
             );
         }
+        let (floor_cpu, floor_s) = (ratio("msgs_per_cpu_s", &floor), ratio("msgs_per_s", &floor));
+        let (per_cpu, per_s) = (ratio("msgs_per_cpu_s", &bare), ratio("msgs_per_s", &bare));
         println!(
-            "throughput {scheme:<3} tether / bare: {per_cpu:.2}× msg per CPU s, {per_s:.2}× msg/s"
+            "throughput {scheme:<3} tether / forwarding floor: {floor_cpu:.2}× msg per CPU s (goal ≥ 0.8), {floor_s:.2}× msg/s; tether / bare read loop: {per_cpu:.2}× per CPU s"
         );
         out.insert(
             scheme.into(),
             json!({
                 "tether": tether,
+                "forwarding_floor": floor,
                 "bare": bare,
+                "ratio_to_floor_msgs_per_cpu_s": floor_cpu,
+                "ratio_to_floor_msgs_per_s": floor_s,
                 "ratio_msgs_per_cpu_s": per_cpu,
                 "ratio_msgs_per_s": per_s,
             }),
@@ -123,15 +135,23 @@ async fn forwarding(ctx: &Ctx, scheme: &str, pins: &Pins) -> anyhow::Result<Valu
 }
 
 /// The bare read loop (`bench bare-sessions`): the same sessions, counted and
-/// dropped.
-async fn bare_loop(ctx: &Ctx, scheme: &str, pins: &Pins) -> anyhow::Result<Value> {
+/// dropped; with `forward`, the forwarding floor, counted at the same kind
+/// of sink as tether's.
+async fn bare_loop(ctx: &Ctx, scheme: &str, pins: &Pins, forward: bool) -> anyhow::Result<Value> {
     let bed = idle_bed(ctx).await?;
     let (blaster, ca) = blaster(&bed, scheme).await?;
     let template = blaster.url("{name}").replace("{last_seq}", "0");
     let ca = ca.map(|p| p.display().to_string());
-    let client = BareClient::spawn(&template, ca.as_deref(), pins.measured)?;
+    let sink = CountingSink::start(loopback()).await?;
+    let to = forward.then(|| sink.url());
+    let client =
+        BareClient::spawn_forwarding(&template, ca.as_deref(), pins.measured, to.as_deref())?;
     client.open(ctx.profile.throughput_sessions).await?;
-    window(ctx, client.pid()?, || client.count()).await
+    if forward {
+        window(ctx, client.pid()?, || async { Ok(sink.messages()) }).await
+    } else {
+        window(ctx, client.pid()?, || client.count()).await
+    }
 }
 
 /// Messages counted over the profile's window after a warm-up, against the
