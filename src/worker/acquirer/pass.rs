@@ -96,6 +96,10 @@ pub(crate) struct Acquirer {
     pub(super) reported: HashSet<String>,
     /// Whether version 1's index exists (a rolling upgrade is under way).
     pub(super) legacy_index: bool,
+    /// Streams this worker took because their resource asked to move them:
+    /// handed over for fair share only when nothing else can be, so a move
+    /// is not undone by the rebalancing it causes.
+    pub(super) moved_in: HashSet<StreamKey>,
 }
 
 impl Acquirer {
@@ -130,6 +134,7 @@ impl Acquirer {
             pacing: super::pacing::Pacing::default(),
             reported: HashSet::new(),
             legacy_index,
+            moved_in: HashSet::new(),
         }
     }
 
@@ -406,6 +411,9 @@ impl Acquirer {
                     };
                     tracing::info!(stream = %lease.key, token = lease.counter, from = ?c.orphan, "acquired");
                     self.last_acquired = Some(Instant::now());
+                    if matches!(c.orphan, Orphan::Moved { .. }) {
+                        self.moved_in.insert(lease.key.clone());
+                    }
                     self.adopt(lease, *record, dead_owner_checkpoint);
                     "acquired"
                 }
@@ -491,6 +499,10 @@ impl Acquirer {
             .filter(HeldStream::staying)
             .collect();
         movable.shuffle(&mut rand::rng());
+        self.moved_in.retain(|k| self.registry.contains(k));
+        // Streams moved here on request go last (a stable sort keeps the
+        // shuffle among the rest).
+        movable.sort_by_key(|h| self.moved_in.contains(&h.lease.key));
         let peers: Vec<(String, u64, bool)> = self
             .view
             .peers
