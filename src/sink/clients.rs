@@ -3,6 +3,7 @@
 //! set of credential references. Sessions come and go by the thousand in a
 //! failover; their sinks must not each open a connection of their own.
 
+use crate::egress::HostPolicy;
 use crate::secrets::SecretSource;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -12,6 +13,8 @@ use tokio::sync::Mutex;
 const KINESIS_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a NATS connection attempt may take before it is retried.
 const NATS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// NATS's port when a URL names none.
+const NATS_DEFAULT_PORT: u16 = 4222;
 
 /// What sinks are built from.
 pub struct SinkClients {
@@ -21,6 +24,8 @@ pub struct SinkClients {
     pub secrets: SecretSource,
     /// The name NATS connections announce (the worker id).
     pub client_name: String,
+    /// The sink host policy, applied to NATS servers before connecting.
+    policy: HostPolicy,
     kinesis: Mutex<HashMap<Option<String>, aws_sdk_kinesis::Client>>,
     nats: Mutex<HashMap<String, async_nats::Client>>,
 }
@@ -33,11 +38,17 @@ pub enum NatsAuth {
 }
 
 impl SinkClients {
-    pub fn new(http: reqwest::Client, secrets: SecretSource, client_name: String) -> Self {
+    pub fn new(
+        http: reqwest::Client,
+        secrets: SecretSource,
+        client_name: String,
+        policy: HostPolicy,
+    ) -> Self {
         Self {
             http,
             secrets,
             client_name,
+            policy,
             kinesis: Mutex::default(),
             nats: Mutex::default(),
         }
@@ -76,6 +87,15 @@ impl SinkClients {
     /// retries in the background (`retry_on_initial_connect`), so a server
     /// that is down makes publishes time out, and the delivery loop back off,
     /// instead of holding up the session.
+    ///
+    /// A plaintext server is given to the client as the addresses the host
+    /// policy just checked, not as its name: async-nats would resolve the
+    /// name again on every reconnect, after the check, and a tenant who
+    /// controls that name's DNS could point a reconnect anywhere (DNS
+    /// rebinding). A `tls://` server keeps its name, which the certificate
+    /// is verified against before anything is sent. A sink whose deliveries
+    /// fail asks again (`NatsSink`), so a server that really moved is found
+    /// under its new addresses (a new connection; the key holds them).
     pub async fn nats(
         &self,
         url: &str,
@@ -83,7 +103,8 @@ impl SinkClients {
         refs: &str,
         auth: impl std::future::Future<Output = Result<NatsAuth, String>>,
     ) -> Result<async_nats::Client, String> {
-        let key = format!("{url}\n{namespace}\n{refs}");
+        let servers = self.nats_servers(url).await?;
+        let key = format!("{}\n{namespace}\n{refs}", servers.join(","));
         let mut clients = self.nats.lock().await;
         if let Some(client) = clients.get(&key) {
             return Ok(client.clone());
@@ -104,13 +125,52 @@ impl SinkClients {
             NatsAuth::Token(token) => options.token(token),
             NatsAuth::UserPassword(user, password) => options.user_and_password(user, password),
         };
+        let addrs = servers
+            .iter()
+            .map(|s| s.parse::<async_nats::ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("NATS {url}: {e}"))?;
         let client = options
-            .connect(url)
+            .connect(addrs)
             .await
             .map_err(|e| format!("NATS {url}: {e}"))?;
         clients.insert(key, client.clone());
         Ok(client)
     }
+
+    /// What the NATS client is given for `url`: for `tls://` the URL as it
+    /// is; otherwise one URL per address the sink policy allows for its
+    /// host, the rest of the URL (credentials in it, port) kept.
+    async fn nats_servers(&self, url: &str) -> Result<Vec<String>, String> {
+        let parsed = url::Url::parse(url).map_err(|e| format!("NATS {url}: {e}"))?;
+        if parsed.scheme() == "tls" {
+            return Ok(vec![url.to_string()]);
+        }
+        let port = parsed.port().unwrap_or(NATS_DEFAULT_PORT);
+        let mut with_port = parsed.clone();
+        let _ = with_port.set_port(Some(port));
+        let addrs = self
+            .policy
+            .resolve(&with_port)
+            .await
+            .map_err(|e| format!("NATS {url}: {e}"))?;
+        Ok(pinned(&with_port, &addrs))
+    }
+}
+
+/// `url` once per address, the host replaced by the address (sorted, so
+/// the same answer in another order is the same connection).
+fn pinned(url: &url::Url, addrs: &[std::net::SocketAddr]) -> Vec<String> {
+    let mut ips: Vec<std::net::IpAddr> = addrs.iter().map(std::net::SocketAddr::ip).collect();
+    ips.sort();
+    ips.dedup();
+    ips.into_iter()
+        .filter_map(|ip| {
+            let mut u = url.clone();
+            u.set_ip_host(ip).ok()?;
+            Some(u.to_string())
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -158,6 +218,7 @@ mod tests {
             reqwest::Client::new(),
             SecretSource::Standalone,
             "test".into(),
+            HostPolicy::new(["*"]).for_sinks(),
         );
         let _client = clients
             .nats(&format!("nats://{server}"), "ns", "", async {
@@ -170,6 +231,77 @@ mod tests {
             offered.load(Ordering::SeqCst),
             0,
             "the client reconnected to a server the tenant advertised"
+        );
+    }
+
+    /// A plaintext server is dialled at the addresses the policy checked,
+    /// never by its name again (so nothing the name later resolves to is
+    /// reached); the URL's port and credentials stay.
+    #[test]
+    fn a_plaintext_nats_server_is_pinned_to_the_checked_addresses() {
+        let url = url::Url::parse("nats://user:pw@nats.example.com:4223/").unwrap();
+        let addrs: Vec<std::net::SocketAddr> = vec![
+            "203.0.113.9:4223".parse().unwrap(),
+            "[2001:db8::9]:4223".parse().unwrap(),
+            "203.0.113.9:4223".parse().unwrap(),
+        ];
+        assert_eq!(
+            pinned(&url, &addrs),
+            vec![
+                "nats://user:pw@203.0.113.9:4223/".to_string(),
+                "nats://user:pw@[2001:db8::9]:4223/".to_string(),
+            ]
+        );
+    }
+
+    /// End to end: a server named by a host name (`localhost`, listed by its
+    /// exact name as a platform team would) is reached through the pinned
+    /// address, and a name the policy forbids is refused before any dial.
+    #[tokio::test]
+    async fn a_nats_server_named_by_host_is_reached_at_its_checked_address_and_a_forbidden_one_never()
+     {
+        crate::support::install_crypto_provider();
+        let (listening, offered) = crate::support::counting_listener().await;
+        let allowed = SinkClients::new(
+            reqwest::Client::new(),
+            SecretSource::Standalone,
+            "test".into(),
+            HostPolicy::new(["localhost"])
+                .for_sinks()
+                .deny(&["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()]),
+        );
+        let servers = allowed
+            .nats_servers(&format!("nats://localhost:{}", listening.port()))
+            .await
+            .unwrap();
+        assert!(
+            servers.iter().all(|s| !s.contains("localhost")),
+            "{servers:?}"
+        );
+        let refused = SinkClients::new(
+            reqwest::Client::new(),
+            SecretSource::Standalone,
+            "test".into(),
+            HostPolicy::new(["*"])
+                .for_sinks()
+                .deny(&["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()]),
+        );
+        let err = refused
+            .nats(
+                &format!("nats://localhost:{}", listening.port()),
+                "ns",
+                "",
+                async { Ok(NatsAuth::None) },
+            )
+            .await
+            .err()
+            .unwrap();
+        assert!(err.contains("127.0.0.1") || err.contains("::1"), "{err}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            offered.load(Ordering::SeqCst),
+            0,
+            "a forbidden server was dialled"
         );
     }
 }

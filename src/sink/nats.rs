@@ -22,8 +22,10 @@ pub const SEQ_HEADER: &str = "Tether-Seq";
 
 pub struct NatsSink {
     clients: Arc<SinkClients>,
-    /// The shared connection, looked up once per session, not per batch.
-    client: tokio::sync::OnceCell<async_nats::Client>,
+    /// The shared connection, looked up once per session, not per batch,
+    /// and again after a delivery failed (the server may have moved: see
+    /// `SinkClients::nats`).
+    client: std::sync::Mutex<Option<async_nats::Client>>,
     namespace: String,
     /// Built once: every message of every batch is published to it.
     subject: async_nats::Subject,
@@ -35,7 +37,7 @@ impl NatsSink {
     pub fn new(clients: Arc<SinkClients>, namespace: &str, spec: &NatsSinkSpec) -> Self {
         Self {
             clients,
-            client: tokio::sync::OnceCell::new(),
+            client: std::sync::Mutex::new(None),
             namespace: namespace.to_string(),
             subject: async_nats::Subject::from(spec.subject.as_str()),
             spec: spec.clone(),
@@ -84,8 +86,16 @@ impl NatsSink {
     }
 
     pub async fn deliver(&self, batch: &Batch<'_>) -> Result<(), SinkError> {
-        let client = self.client.get_or_try_init(|| self.connect()).await?;
-        let mut js = jetstream::new(client.clone());
+        let cached = crate::support::lock(&self.client).clone();
+        let client = match cached {
+            Some(client) => client,
+            None => {
+                let client = self.connect().await?;
+                *crate::support::lock(&self.client) = Some(client.clone());
+                client
+            }
+        };
+        let mut js = jetstream::new(client);
         js.set_timeout(self.batching.timeout);
         let total = batch.messages.len();
         let mut pending = Vec::with_capacity(total);
@@ -130,6 +140,8 @@ impl NatsSink {
         };
         let detail = format!("NATS {}: {detail}", self.spec.subject);
         if acked == 0 {
+            // Nothing got through: look the server up again next time.
+            *crate::support::lock(&self.client) = None;
             return Err(SinkError::Transport(detail));
         }
         Err(SinkError::Partial {

@@ -52,6 +52,7 @@ impl WorkerCtx {
             http,
             secrets.clone(),
             settings.worker_id.clone(),
+            sink_policy.clone(),
         ));
         Ok(Self {
             dialer: Dialer {

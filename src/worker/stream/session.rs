@@ -673,6 +673,7 @@ mod tests {
                 reqwest::Client::new(),
                 SecretSource::Standalone,
                 "test".into(),
+                policy.clone(),
             )),
             sink_policy: policy,
             kinesis_streams: KinesisStreams::new(["*"]),
