@@ -359,95 +359,162 @@ async fn header_secrets_are_read_at_connect_time_and_never_stored_or_logged() {
     let _ = operator.start_kill();
 }
 
+/// Pods in `feeds` on the emulator, the streams of resources `names`, and
+/// `tether operator` processes started as containers of those pods (as far
+/// as their mount tables show): what the container-restart proof reads.
+struct Pods {
+    emulator: Emulator,
+    store: tether::lease::LeaseStore,
+    upstream: tether_testkit::upstream::TestUpstream,
+    http: reqwest::Client,
+    dir: tempfile::TempDir,
+    kubeconfig: std::path::PathBuf,
+    names: Vec<String>,
+}
+
+impl Pods {
+    /// A lease long enough that waiting for it would be obvious.
+    const LEASE: Duration = Duration::from_secs(20);
+
+    /// Four resources `<prefix>0..3`, as users create them (in operator mode
+    /// only the items of this installation's resources are served).
+    async fn start(prefix: &str) -> Self {
+        let emulator = Emulator::start();
+        let store = fresh_store(None).await;
+        let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
+            .await
+            .unwrap();
+        let http = reqwest::Client::new();
+        let names: Vec<String> = (0..4).map(|i| format!("{prefix}{i}")).collect();
+        for n in &names {
+            create(
+                &http,
+                format!("{}{PATH}", emulator.url),
+                &log_stream(n, &upstream.url(n)),
+            )
+            .await;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = emulator.kubeconfig(dir.path(), "feeds");
+        Self {
+            emulator,
+            store,
+            upstream,
+            http,
+            dir,
+            kubeconfig,
+            names,
+        }
+    }
+
+    fn pods_url(&self) -> String {
+        format!("{}/api/v1/namespaces/feeds/pods", self.emulator.url)
+    }
+
+    /// Creates pod `name` (container `tether` running, no restarts) and
+    /// returns the UID the API server gave it.
+    async fn create_pod(&self, name: &str) -> String {
+        let created = self
+            .http
+            .post(self.pods_url())
+            .json(&k8s::pod(name, "feeds", 0))
+            .send()
+            .await
+            .unwrap();
+        assert!(created.status().is_success(), "{created:?}");
+        let pod: Value = created.json().await.unwrap();
+        pod["metadata"]["uid"].as_str().unwrap().to_string()
+    }
+
+    /// What the kubelet records when it restarts `pod`'s container.
+    async fn record_restart(&self, pod: &str, restarts: u32) {
+        let restarted = self
+            .http
+            .patch(format!("{}/{pod}/status", self.pods_url()))
+            .header("content-type", "application/merge-patch+json")
+            .body(json!({"status": k8s::pod(pod, "feeds", restarts)["status"]}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert!(restarted.status().is_success(), "{restarted:?}");
+    }
+
+    /// Starts `tether operator` with `POD_NAME=pod` inside container
+    /// `tether` of the pod whose UID is `mounted_uid`, logging to `log`.
+    fn start_in_pod(&self, pod: &str, mounted_uid: &str, log: &str) -> tokio::process::Child {
+        let mut cmd = k8s::operator_command(
+            std::path::Path::new(env!("CARGO_BIN_EXE_tether")),
+            self.store.table(),
+            pod,
+            &self.kubeconfig,
+            Self::LEASE,
+            Duration::from_secs(5),
+        );
+        cmd.env("POD_NAME", pod).env("POD_NAMESPACE", "feeds");
+        k8s::in_kubelet_container(cmd, self.dir.path(), mounted_uid, "tether")
+            .unwrap()
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(self.dir.path().join(log)).unwrap(),
+            ))
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    }
+
+    /// The logs, each under its name.
+    fn logs(&self, logs: &[&str]) -> String {
+        logs.iter()
+            .map(|f| {
+                let text = std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default();
+                format!("{f}:\n{text}\n")
+            })
+            .collect()
+    }
+
+    /// Every stream has exactly one open session.
+    fn each_served_once(&self) -> bool {
+        let open = self.upstream.open_sessions();
+        self.names.iter().all(|n| open.get(n) == Some(&1))
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_container_takes_its_streams_back_at_once_not_after_a_lease() {
-    let emulator = Emulator::start();
-    let store = fresh_store(None).await;
-    let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
-        .await
-        .unwrap();
-    let http = reqwest::Client::new();
-    let pods = format!("{}/api/v1/namespaces/feeds/pods", emulator.url);
-    let pod_uid = create_pod(&http, &pods, "tether-0").await;
-    let names: Vec<String> = (0..4).map(|i| format!("r{i}")).collect();
-    // Resources, as users create them: in operator mode only the items of
-    // this installation's resources are served.
-    for n in &names {
-        create(
-            &http,
-            format!("{}{PATH}", emulator.url),
-            &log_stream(n, &upstream.url(n)),
-        )
-        .await;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = emulator.kubeconfig(dir.path(), "feeds");
-    // A lease long enough that waiting for it would be obvious.
-    let lease = Duration::from_secs(20);
-    // Each run is the pod's container as its mounts show it.
-    let start = |log: &str| {
-        start_in_pod(
-            &store,
-            &kubeconfig,
-            lease,
-            "tether-0",
-            (dir.path(), &pod_uid),
-            &dir.path().join(log),
-        )
-    };
-    let diagnostics = || {
-        let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap_or_default();
-        format!(
-            "first:\n{}\nsecond:\n{}",
-            read("first.log"),
-            read("second.log")
-        )
-    };
-    let mut first = start("first.log");
-    let served = || {
-        let open = upstream.open_sessions();
-        names.iter().all(|n| open.get(n) == Some(&1))
-    };
+    let bed = Pods::start("r").await;
+    let pod_uid = bed.create_pod("tether-0").await;
+    let diagnostics = || bed.logs(&["first.log", "second.log"]);
+    let mut first = bed.start_in_pod("tether-0", &pod_uid, "first.log");
     eventually_or(
         Duration::from_secs(30),
         "the first container serves every stream",
-        || async { served() },
+        || async { bed.each_served_once() },
         diagnostics,
     )
     .await;
     first.start_kill().unwrap();
     let _ = first.wait().await;
-    // The kubelet restarts the container and records it.
-    let restarted = http
-        .patch(format!("{pods}/tether-0/status"))
-        .header("content-type", "application/merge-patch+json")
-        .body(json!({"status": k8s::pod("tether-0", "feeds", 1)["status"]}).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        restarted.status().is_success(),
-        "{}",
-        restarted.text().await.unwrap()
-    );
+    bed.record_restart("tether-0", 1).await;
     let t0 = tokio::time::Instant::now();
-    let _second = start("second.log");
+    let _second = bed.start_in_pod("tether-0", &pod_uid, "second.log");
     eventually_or(
         Duration::from_secs(30),
         "the restarted container serves every stream again",
         || async {
-            let open = upstream.open_sessions();
-            names.iter().all(|n| {
-                upstream.sessions_of(n).iter().any(|s| s.opened >= t0) && open.get(n) == Some(&1)
-            })
+            bed.each_served_once()
+                && bed
+                    .names
+                    .iter()
+                    .all(|n| bed.upstream.sessions_of(n).iter().any(|s| s.opened >= t0))
         },
         diagnostics,
     )
     .await;
     assert!(
         t0.elapsed() < Duration::from_secs(5),
-        "reclaim took {:?} (lease {lease:?})\n{}",
+        "reclaim took {:?} (lease {:?})\n{}",
         t0.elapsed(),
+        Pods::LEASE,
         diagnostics()
     );
     assert!(
@@ -455,49 +522,7 @@ async fn a_restarted_container_takes_its_streams_back_at_once_not_after_a_lease(
         "{}",
         diagnostics()
     );
-    assert!(upstream.overlaps().is_empty());
-}
-
-/// Creates pod `name` in `feeds` (container `tether` running, no restarts)
-/// and returns the UID the API server gave it.
-async fn create_pod(http: &reqwest::Client, pods: &str, name: &str) -> String {
-    let created = http
-        .post(pods)
-        .json(&k8s::pod(name, "feeds", 0))
-        .send()
-        .await
-        .unwrap();
-    assert!(created.status().is_success(), "{created:?}");
-    let pod: Value = created.json().await.unwrap();
-    pod["metadata"]["uid"].as_str().unwrap().to_string()
-}
-
-/// Starts `tether operator` with `POD_NAME=pod`, inside container `tether`
-/// of the pod whose UID is `mounted.1` as far as its mount table shows.
-fn start_in_pod(
-    store: &tether::lease::LeaseStore,
-    kubeconfig: &std::path::Path,
-    lease: Duration,
-    pod: &str,
-    mounted: (&std::path::Path, &str),
-    log: &std::path::Path,
-) -> tokio::process::Child {
-    let mut cmd = k8s::operator_command(
-        std::path::Path::new(env!("CARGO_BIN_EXE_tether")),
-        store.table(),
-        pod,
-        kubeconfig,
-        lease,
-        Duration::from_secs(5),
-    );
-    cmd.env("POD_NAME", pod).env("POD_NAMESPACE", "feeds");
-    k8s::in_kubelet_container(cmd, mounted.0, mounted.1, "tether")
-        .unwrap()
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(log).unwrap()))
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
+    assert!(bed.upstream.overlaps().is_empty());
 }
 
 /// `POD_NAME` is an environment variable anyone can copy: a worker in another
@@ -506,76 +531,28 @@ fn start_in_pod(
 /// process's own mounts put it in the pod the API server calls `POD_NAME`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copied_pod_name_never_gets_a_live_worker_declared_dead() {
-    let emulator = Emulator::start();
-    let store = fresh_store(None).await;
-    let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
-        .await
-        .unwrap();
-    let http = reqwest::Client::new();
-    let pods = format!("{}/api/v1/namespaces/feeds/pods", emulator.url);
-    let real_uid = create_pod(&http, &pods, "tether-0").await;
-    let other_uid = create_pod(&http, &pods, "tether-1").await;
-    let names: Vec<String> = (0..4).map(|i| format!("c{i}")).collect();
-    for n in &names {
-        create(
-            &http,
-            format!("{}{PATH}", emulator.url),
-            &log_stream(n, &upstream.url(n)),
-        )
-        .await;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = emulator.kubeconfig(dir.path(), "feeds");
-    let lease = Duration::from_secs(20);
-    let diagnostics = || {
-        let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap_or_default();
-        format!(
-            "impostor:\n{}\nreal:\n{}",
-            read("impostor.log"),
-            read("real.log")
-        )
-    };
+    let bed = Pods::start("c").await;
+    let real_uid = bed.create_pod("tether-0").await;
+    let other_uid = bed.create_pod("tether-1").await;
+    let diagnostics = || bed.logs(&["impostor.log", "real.log"]);
     // Runs in pod tether-1 but says POD_NAME=tether-0, and takes every stream.
-    let _impostor = start_in_pod(
-        &store,
-        &kubeconfig,
-        lease,
-        "tether-0",
-        (dir.path(), &other_uid),
-        &dir.path().join("impostor.log"),
-    );
+    let _impostor = bed.start_in_pod("tether-0", &other_uid, "impostor.log");
     eventually_or(
         Duration::from_secs(30),
         "the impostor serves every stream",
-        || async {
-            let open = upstream.open_sessions();
-            names.iter().all(|n| open.get(n) == Some(&1))
-        },
+        || async { bed.each_served_once() },
         diagnostics,
     )
     .await;
     // tether-0's container restarts; its new run really is tether-0's.
-    let restarted = http
-        .patch(format!("{pods}/tether-0/status"))
-        .header("content-type", "application/merge-patch+json")
-        .body(json!({"status": k8s::pod("tether-0", "feeds", 1)["status"]}).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert!(restarted.status().is_success(), "{restarted:?}");
-    let _real = start_in_pod(
-        &store,
-        &kubeconfig,
-        lease,
-        "tether-0",
-        (dir.path(), &real_uid),
-        &dir.path().join("real.log"),
-    );
+    bed.record_restart("tether-0", 1).await;
+    let _real = bed.start_in_pod("tether-0", &real_uid, "real.log");
     eventually_or(
         Duration::from_secs(30),
         "the real container has registered",
         || async {
-            diagnostics().contains("running in a pod") && diagnostics().contains("worker started")
+            let logs = diagnostics();
+            logs.contains("running in a pod") && logs.contains("worker started")
         },
         diagnostics,
     )
@@ -583,7 +560,7 @@ async fn a_copied_pod_name_never_gets_a_live_worker_declared_dead() {
     // Long enough for a proof to have been acted on (it takes well under a
     // second), far shorter than the lease.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let fleet = store.fleet().await.unwrap();
+    let fleet = bed.store.fleet().await.unwrap();
     let dead: Vec<_> = fleet
         .workers
         .iter()
@@ -600,9 +577,9 @@ async fn a_copied_pod_name_never_gets_a_live_worker_declared_dead() {
         diagnostics()
     );
     assert!(
-        upstream.overlaps().is_empty(),
+        bed.upstream.overlaps().is_empty(),
         "overlaps: {:?}",
-        upstream.overlaps()
+        bed.upstream.overlaps()
     );
 }
 

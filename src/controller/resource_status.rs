@@ -244,23 +244,11 @@ mod tests {
         let inc = owner.map(|(id, _)| Incarnation::parse(&format!("{id}~1")).unwrap());
         StreamView {
             record: StreamRecord {
-                key: StreamKey::new("ns", "feed"),
-                desired_state: DesiredState::Started,
-                ws_url: "ws://x/".into(),
-                spec: None,
                 generation: 4,
-                uid: None,
-                resource_created_ms: None,
-                installation: None,
                 lease_owner: inc.as_ref().map(ToString::to_string),
                 lease_expires_at_ms: if inc.is_some() { OWNED_EXPIRY_MS } else { 0 },
                 lease_counter: 7,
                 checkpoint: Some(40),
-                holder: None,
-                released_at_ms: None,
-                release_reason: None,
-                created_at_ms: None,
-                deleted_at_ms: None,
                 served_generation: Some(4),
                 status: Some(SessionStatus {
                     phase,
@@ -268,7 +256,7 @@ mod tests {
                     reconnects: 2,
                     ..Default::default()
                 }),
-                requests: Default::default(),
+                ..StreamRecord::for_test(StreamKey::new("ns", "feed"))
             },
             owner: owner.zip(inc).map(|((id, alive), inc)| OwnerView {
                 owner: inc.to_string(),

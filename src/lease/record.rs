@@ -102,6 +102,34 @@ pub struct OwnerRequests {
 }
 
 impl StreamRecord {
+    /// A free, STARTED, never-owned item of `key` at token 1, for unit tests
+    /// to change what they look at.
+    #[cfg(test)]
+    pub(crate) fn for_test(key: StreamKey) -> Self {
+        Self {
+            key,
+            desired_state: DesiredState::Started,
+            ws_url: "ws://x/".into(),
+            spec: None,
+            generation: 1,
+            uid: None,
+            resource_created_ms: None,
+            installation: None,
+            lease_owner: None,
+            lease_expires_at_ms: 0,
+            lease_counter: 1,
+            checkpoint: None,
+            holder: None,
+            released_at_ms: None,
+            release_reason: None,
+            created_at_ms: None,
+            deleted_at_ms: None,
+            served_generation: None,
+            status: None,
+            requests: OwnerRequests::default(),
+        }
+    }
+
     pub fn ownership(&self) -> Ownership {
         match (&self.lease_owner, self.lease_expires_at_ms) {
             (_, 0) | (None, _) => Ownership::Free,
@@ -364,26 +392,11 @@ mod tests {
 
     fn record(owner: Option<&str>, expires: u64) -> StreamRecord {
         StreamRecord {
-            key: StreamKey::new("d", "s"),
-            desired_state: DesiredState::Started,
-            ws_url: "ws://x".into(),
-            spec: None,
-            generation: 1,
-            uid: None,
-            resource_created_ms: None,
-            installation: None,
             lease_owner: owner.map(Into::into),
             lease_expires_at_ms: expires,
             lease_counter: 3,
             checkpoint: Some(9),
-            holder: None,
-            released_at_ms: None,
-            release_reason: None,
-            created_at_ms: None,
-            deleted_at_ms: None,
-            served_generation: None,
-            status: None,
-            requests: OwnerRequests::default(),
+            ..StreamRecord::for_test(StreamKey::new("d", "s"))
         }
     }
 

@@ -223,7 +223,7 @@ mod tests {
             lease_owner: Some(me.to_string()),
             release_reason: Some(ReleaseReason::Moved),
             released_at_ms: Some(1_000),
-            ..test_record()
+            ..crate::lease::StreamRecord::for_test(crate::lease::StreamKey::new("ns", "s"))
         };
         assert_eq!(classify_free(&r, 1_500, &me), mine(500));
         assert_eq!(
@@ -235,31 +235,6 @@ mod tests {
             classify_free(&r, 1_500, &me),
             Orphan::Rebalanced { age_ms: 500 }
         );
-    }
-
-    fn test_record() -> crate::lease::StreamRecord {
-        crate::lease::StreamRecord {
-            key: crate::lease::StreamKey::new("ns", "s"),
-            desired_state: crate::lease::DesiredState::Started,
-            ws_url: "ws://x/".into(),
-            spec: None,
-            generation: 1,
-            uid: None,
-            resource_created_ms: None,
-            installation: None,
-            lease_owner: None,
-            lease_expires_at_ms: 0,
-            lease_counter: 1,
-            checkpoint: None,
-            holder: None,
-            released_at_ms: None,
-            release_reason: None,
-            created_at_ms: None,
-            deleted_at_ms: None,
-            served_generation: None,
-            status: None,
-            requests: Default::default(),
-        }
     }
 
     #[test]
