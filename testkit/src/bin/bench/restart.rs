@@ -8,7 +8,6 @@ use crate::{Ctx, stats};
 use serde_json::{Value, json};
 use std::process::Stdio;
 use std::time::Duration;
-use tether::lease::StreamKey;
 use tether_testkit::bed::loopback;
 use tether_testkit::fixtures::log_spec;
 use tether_testkit::k8s::{self, Emulator};
@@ -50,14 +49,23 @@ async fn one(ctx: &Ctx, record_restart: bool) -> anyhow::Result<Value> {
         .ok_or_else(|| anyhow::anyhow!("the emulator gave the pod no uid: {created}"))?
         .to_string();
     let names: Vec<String> = (0..STREAMS).map(|i| format!("r{i:02}")).collect();
+    // Resources, as users create them: in operator mode a worker serves only
+    // items the controller wrote for an existing StreamConnection.
+    let resources = format!(
+        "{}/apis/tether.dev/v1alpha1/namespaces/bench/streamconnections",
+        emulator.url
+    );
     for n in &names {
-        store
-            .upsert_desired(&log_spec(&upstream.url(n)).to_desired(
-                StreamKey::new("bench", n.as_str()),
-                1,
-                None,
-            ))
-            .await?;
+        http.post(&resources)
+            .json(&json!({
+                "apiVersion": "tether.dev/v1alpha1",
+                "kind": "StreamConnection",
+                "metadata": {"name": n, "namespace": "bench"},
+                "spec": log_spec(&upstream.url(n)),
+            }))
+            .send()
+            .await?
+            .error_for_status()?;
     }
     let dir = std::env::temp_dir().join(format!(
         "tether-bench-restart-{:08x}",
