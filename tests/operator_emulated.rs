@@ -70,22 +70,57 @@ async fn get(http: &reqwest::Client, url: &str) -> Option<Value> {
     resp.json().await.ok()
 }
 
+/// The emulator, a fresh store and the feed, with `tether operator` running
+/// against them (stderr in [`Operated::LOG`] in `dir`), and an HTTP client.
+struct Operated {
+    emulator: Emulator,
+    store: tether::lease::LeaseStore,
+    upstream: tether_testkit::upstream::TestUpstream,
+    dir: tempfile::TempDir,
+    operator: tokio::process::Child,
+    http: reqwest::Client,
+}
+
+impl Operated {
+    const LOG: &str = "operator.log";
+
+    /// Starts `tether operator` with worker id `id` and environment `env`.
+    async fn start(id: &str, env: &[(&str, &str)]) -> Self {
+        let emulator = Emulator::start();
+        let store = fresh_store(None).await;
+        let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let log = std::fs::File::create(dir.path().join(Self::LOG)).unwrap();
+        let operator = operator_command(&store, id, dir.path(), &emulator)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Self {
+            emulator,
+            store,
+            upstream,
+            dir,
+            operator,
+            http: reqwest::Client::new(),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
-    let emulator = Emulator::start();
-    let store = fresh_store(None).await;
-    let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let log = std::fs::File::create(dir.path().join("operator.log")).unwrap();
-    let mut operator = operator_command(&store, "op-1", dir.path(), &emulator)
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let http = reqwest::Client::new();
+    let Operated {
+        emulator,
+        store,
+        upstream,
+        dir,
+        mut operator,
+        http,
+    } = Operated::start("op-1", &[]).await;
     let object_url = format!("{}{PATH}/live", emulator.url);
     let manifest = json!({
         "apiVersion": "tether.dev/v1alpha1",
@@ -96,7 +131,7 @@ async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
     create(&http, format!("{}{PATH}", emulator.url), &manifest).await;
     let key = StreamKey::new("feeds", "live");
     let diagnostics =
-        || std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
+        || std::fs::read_to_string(dir.path().join(Operated::LOG)).unwrap_or_default();
 
     // Created → mirrored, connected once, status shows owner and phase Connected.
     eventually_or(
@@ -231,24 +266,22 @@ async fn the_operator_exits_with_a_clear_error_when_the_crd_is_missing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_secrets_are_read_at_connect_time_and_never_stored_or_logged() {
-    let emulator = Emulator::start();
-    let store = fresh_store(None).await;
-    let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let log_path = dir.path().join("operator.log");
-    let mut operator = operator_command(&store, "op-s", dir.path(), &emulator)
-        .env(
+    let Operated {
+        emulator,
+        store,
+        upstream,
+        dir,
+        mut operator,
+        http,
+    } = Operated::start(
+        "op-s",
+        &[(
             "RUST_LOG",
             "debug,aws_config=error,aws_smithy_runtime=info,hyper=info,kube=info",
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(&log_path).unwrap()))
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let http = reqwest::Client::new();
+        )],
+    )
+    .await;
+    let log_path = dir.path().join(Operated::LOG);
     let diagnostics = || std::fs::read_to_string(&log_path).unwrap_or_default();
     let manifest = |name: &str| {
         json!({
@@ -590,20 +623,15 @@ async fn a_copied_pod_name_never_gets_a_live_worker_declared_dead() {
 /// the upstream never sees them; the real resource keeps flowing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_item_written_straight_into_the_table_is_not_served_and_reads_no_secret() {
-    let emulator = Emulator::start();
-    let store = fresh_store(None).await;
-    let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let log_path = dir.path().join("operator.log");
-    let mut operator = operator_command(&store, "op-d", dir.path(), &emulator)
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(&log_path).unwrap()))
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let http = reqwest::Client::new();
+    let Operated {
+        emulator,
+        store,
+        upstream,
+        dir,
+        mut operator,
+        http,
+    } = Operated::start("op-d", &[]).await;
+    let log_path = dir.path().join(Operated::LOG);
     let diagnostics = || std::fs::read_to_string(&log_path).unwrap_or_default();
     // A Secret of another team's namespace, which the workers may read.
     let stolen = "Bearer other-teams-token-77";
@@ -698,20 +726,14 @@ async fn an_item_written_straight_into_the_table_is_not_served_and_reads_no_secr
 /// and the owner closes the session and opens it again, once per value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_annotation_asks_the_owner_to_reconnect_once_per_value() {
-    let emulator = Emulator::start();
-    let store = fresh_store(None).await;
-    let upstream = start_upstream(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), 10)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let log = std::fs::File::create(dir.path().join("operator.log")).unwrap();
-    let _operator = operator_command(&store, "op-1", dir.path(), &emulator)
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let http = reqwest::Client::new();
+    let Operated {
+        emulator,
+        store,
+        upstream,
+        dir,
+        operator: _operator,
+        http,
+    } = Operated::start("op-1", &[]).await;
     create(
         &http,
         format!("{}{PATH}", emulator.url),
@@ -719,7 +741,7 @@ async fn an_annotation_asks_the_owner_to_reconnect_once_per_value() {
     )
     .await;
     let diagnostics =
-        || std::fs::read_to_string(dir.path().join("operator.log")).unwrap_or_default();
+        || std::fs::read_to_string(dir.path().join(Operated::LOG)).unwrap_or_default();
     let open_once = || upstream.open_sessions().get("live") == Some(&1);
     eventually_or(
         Duration::from_secs(30),

@@ -47,6 +47,18 @@ async fn loaded_victim(
     (victim, rest)
 }
 
+/// A worker `victim` (keeping what it takes: `--no-rebalance`) whose store
+/// traffic goes through a fault proxy, to cut it off from DynamoDB.
+async fn victim_behind_a_proxy(bed: &Bed) -> (FaultProxy, WorkerProcess) {
+    let store_addr = endpoint().0.trim_start_matches("http://").parse().unwrap();
+    let proxy = FaultProxy::start(loopback(), store_addr).await.unwrap();
+    let victim = bed
+        .fleet
+        .spawn_with("victim", &proxy.endpoint(), &["--no-rebalance"])
+        .unwrap();
+    (proxy, victim)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_stream_is_connected_exactly_once_across_three_workers() {
     let bed = bed().await;
@@ -158,12 +170,7 @@ async fn sigterm_hands_streams_over_well_before_a_lease_with_their_checkpoints()
 async fn a_worker_cut_off_from_dynamodb_closes_its_sessions_before_others_take_them() {
     let bed = bed().await;
     let names = bed.apply("s", 6).await.unwrap();
-    let store_addr = endpoint().0.trim_start_matches("http://").parse().unwrap();
-    let proxy = FaultProxy::start(loopback(), store_addr).await.unwrap();
-    let victim = bed
-        .fleet
-        .spawn_with("victim", &proxy.endpoint(), &["--no-rebalance"])
-        .unwrap();
+    let (proxy, victim) = victim_behind_a_proxy(&bed).await;
     let (victim, _others) = loaded_victim(&bed, &names, victim, &["b", "c"]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     proxy.set_mode(ProxyMode::Blackhole);
@@ -223,12 +230,7 @@ async fn a_fenced_session_is_gone_before_its_successor_even_if_the_upstream_neve
             .await
             .unwrap();
     }
-    let store_addr = endpoint().0.trim_start_matches("http://").parse().unwrap();
-    let proxy = FaultProxy::start(loopback(), store_addr).await.unwrap();
-    let victim = bed
-        .fleet
-        .spawn_with("victim", &proxy.endpoint(), &["--no-rebalance"])
-        .unwrap();
+    let (proxy, victim) = victim_behind_a_proxy(&bed).await;
     eventually(
         Duration::from_secs(20),
         "the first worker serves every stream",

@@ -180,6 +180,16 @@ mod tests {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     use tokio::net::TcpListener;
 
+    /// Clients of a standalone worker whose sinks are governed by `policy`.
+    fn test_clients(policy: HostPolicy) -> SinkClients {
+        SinkClients::new(
+            reqwest::Client::new(),
+            SecretSource::Standalone,
+            "test".into(),
+            policy,
+        )
+    }
+
     /// A NATS server a tenant controls: it advertises `advertised` as another
     /// server of its cluster (`connect_urls`), completes one handshake, and
     /// then goes away for good, so the client must reconnect somewhere.
@@ -214,12 +224,7 @@ mod tests {
         crate::support::install_crypto_provider();
         let (forbidden_addr, offered) = crate::support::counting_listener().await;
         let server = advertising_server(forbidden_addr).await;
-        let clients = SinkClients::new(
-            reqwest::Client::new(),
-            SecretSource::Standalone,
-            "test".into(),
-            HostPolicy::new(["*"]).for_sinks(),
-        );
+        let clients = test_clients(HostPolicy::new(["*"]).for_sinks());
         let _client = clients
             .nats(&format!("nats://{server}"), "ns", "", async {
                 Ok(NatsAuth::None)
@@ -262,14 +267,9 @@ mod tests {
      {
         crate::support::install_crypto_provider();
         let (listening, offered) = crate::support::counting_listener().await;
-        let allowed = SinkClients::new(
-            reqwest::Client::new(),
-            SecretSource::Standalone,
-            "test".into(),
-            HostPolicy::new(["localhost"])
-                .for_sinks()
-                .deny(&["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()]),
-        );
+        let loopback: [ipnet::IpNet; 2] =
+            ["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()];
+        let allowed = test_clients(HostPolicy::new(["localhost"]).for_sinks().deny(&loopback));
         let servers = allowed
             .nats_servers(&format!("nats://localhost:{}", listening.port()))
             .await
@@ -278,14 +278,7 @@ mod tests {
             servers.iter().all(|s| !s.contains("localhost")),
             "{servers:?}"
         );
-        let refused = SinkClients::new(
-            reqwest::Client::new(),
-            SecretSource::Standalone,
-            "test".into(),
-            HostPolicy::new(["*"])
-                .for_sinks()
-                .deny(&["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()]),
-        );
+        let refused = test_clients(HostPolicy::new(["*"]).for_sinks().deny(&loopback));
         let err = refused
             .nats(
                 &format!("nats://localhost:{}", listening.port()),

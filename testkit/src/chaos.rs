@@ -566,12 +566,7 @@ pub async fn run(bed: &Bed, cfg: &ChaosConfig) -> anyhow::Result<ChaosReport> {
             .iter()
             .map(Vec::len)
             .sum::<usize>();
-        report.duplicates += log
-            .by_identity(floors)
-            .iter()
-            .flat_map(|seqs| seqs.values())
-            .map(|n| u64::from(n.saturating_sub(1)))
-            .sum::<u64>();
+        report.duplicates += log.duplicates_by_identity(floors);
         report.identities += floors.len() + 1;
     }
     report.stale_deliveries = bed.stale(&names);

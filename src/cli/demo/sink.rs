@@ -56,12 +56,7 @@ pub struct StreamLog {
 impl StreamLog {
     /// Sequence numbers missing between `first` and the highest delivered.
     pub fn gaps(&self, first: u64) -> Vec<u64> {
-        let Some((&max, _)) = self.seqs.last_key_value() else {
-            return Vec::new();
-        };
-        (first..=max)
-            .filter(|s| !self.seqs.contains_key(s))
-            .collect()
+        missing(&self.seqs, first)
     }
 
     pub fn max_seq(&self) -> Option<u64> {
@@ -69,10 +64,7 @@ impl StreamLog {
     }
 
     pub fn duplicates(&self) -> u64 {
-        self.seqs
-            .values()
-            .map(|n| u64::from(n.saturating_sub(1)))
-            .sum()
+        repeats(&self.seqs)
     }
 
     /// The stream's sequence numbers split by identity: a resource deleted
@@ -97,12 +89,27 @@ impl StreamLog {
     pub fn gaps_by_identity(&self, first: u64, floors: &[u64]) -> Vec<Vec<u64>> {
         self.by_identity(floors)
             .iter()
-            .map(|seqs| match seqs.last_key_value() {
-                None => Vec::new(),
-                Some((&max, _)) => (first..=max).filter(|s| !seqs.contains_key(s)).collect(),
-            })
+            .map(|seqs| missing(seqs, first))
             .collect()
     }
+
+    /// Per identity, as [`StreamLog::duplicates`] is for the whole name.
+    pub fn duplicates_by_identity(&self, floors: &[u64]) -> u64 {
+        self.by_identity(floors).iter().map(repeats).sum()
+    }
+}
+
+/// seq → times applied: the numbers missing between `first` and the highest.
+fn missing(seqs: &BTreeMap<u64, u32>, first: u64) -> Vec<u64> {
+    let Some((&max, _)) = seqs.last_key_value() else {
+        return Vec::new();
+    };
+    (first..=max).filter(|s| !seqs.contains_key(s)).collect()
+}
+
+/// seq → times applied: deliveries beyond the first of each number.
+fn repeats(seqs: &BTreeMap<u64, u32>) -> u64 {
+    seqs.values().map(|n| u64::from(n.saturating_sub(1))).sum()
 }
 
 #[derive(Default)]

@@ -310,27 +310,17 @@ impl Holder {
             self.record.requests = current.requests.clone();
             return Some(self.release(session, ReleaseReason::Moved).await);
         }
-        if current.requests.reconnect != self.record.requests.reconnect
-            && current.generation == self.record.generation
-            && stored::fingerprint(current.spec.as_deref()) == self.spec_digest
-        {
-            tracing::info!(stream = %key, request = ?current.requests.reconnect, "asked to reconnect: closing the session and opening it again");
-            if let Some(running) = session.take() {
-                self.stop_session(running, self.ctx.settings.drain_timeout)
-                    .await;
-            }
-            self.record.requests = current.requests.clone();
-            self.failed = false;
-            self.held
-                .progress
-                .update_status(|s| s.phase = Phase::Pending);
-            return None;
-        }
-        if current.generation != self.record.generation
+        // A new spec, or a request to reconnect: the session starts again.
+        let new_spec = current.generation != self.record.generation
             || current.ws_url != self.record.ws_url
-            || stored::fingerprint(current.spec.as_deref()) != self.spec_digest
-        {
-            tracing::info!(stream = %key, generation = current.generation, "new spec: restarting the session");
+            || stored::fingerprint(current.spec.as_deref()) != self.spec_digest;
+        let reconnect = current.requests.reconnect != self.record.requests.reconnect;
+        if new_spec || reconnect {
+            if new_spec {
+                tracing::info!(stream = %key, generation = current.generation, "new spec: restarting the session");
+            } else {
+                tracing::info!(stream = %key, request = ?current.requests.reconnect, "asked to reconnect: closing the session and opening it again");
+            }
             if let Some(running) = session.take() {
                 self.stop_session(running, self.ctx.settings.drain_timeout)
                     .await;
