@@ -795,3 +795,120 @@ async fn an_annotation_asks_the_owner_to_reconnect_once_per_value() {
     .await;
     assert!(upstream.overlaps().is_empty());
 }
+
+/// What GitOps tools (kstatus: Flux, Argo CD, cli-utils) and `kubectl wait`
+/// read from the status the real operator writes, sampled through a spec
+/// change whose new session cannot open for a while, the way back, and a
+/// refusal for good: a new generation is never Current or Ready before its
+/// own session runs, and a refusal is Failed (Stalled), not InProgress forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_generation_is_in_progress_until_its_session_runs_and_a_refusal_stalls() {
+    use tether_testkit::kstatus::{self, Kstatus};
+    use tether_testkit::upstream::{FaultyUpstream, Misbehavior};
+    let Operated {
+        emulator,
+        store: _store,
+        upstream,
+        dir,
+        operator: _operator,
+        http,
+    } = Operated::start("op-1", &[]).await;
+    let object_url = format!("{}{PATH}/gen", emulator.url);
+    create(
+        &http,
+        format!("{}{PATH}", emulator.url),
+        &log_stream("gen", &upstream.url("gen")),
+    )
+    .await;
+    let diagnostics =
+        || std::fs::read_to_string(dir.path().join(Operated::LOG)).unwrap_or_default();
+    let verdict = |wanted: Kstatus, generation: i64| {
+        let http = http.clone();
+        let url = object_url.clone();
+        async move {
+            let obj = get(&http, &url).await.unwrap_or_default();
+            // Before the controller's first status write kstatus calls any
+            // object Current (it has nothing to read): wait for a status.
+            obj["status"]["phase"].is_string()
+                && obj["metadata"]["generation"] == generation
+                && kstatus::compute(&obj) == wanted
+        }
+    };
+    eventually_or(
+        Duration::from_secs(30),
+        "generation 1 is Current",
+        || verdict(Kstatus::Current, 1),
+        diagnostics,
+    )
+    .await;
+    let obj = get(&http, &object_url).await.unwrap();
+    assert!(kstatus::kubectl_wait_satisfied(&obj, "Ready"), "{obj}");
+
+    let patch_spec = |spec: Value| {
+        let http = http.clone();
+        let url = object_url.clone();
+        async move {
+            let patched = http
+                .patch(url)
+                .header("content-type", "application/merge-patch+json")
+                .body(json!({ "spec": spec }).to_string())
+                .send()
+                .await
+                .unwrap();
+            assert!(patched.status().is_success(), "{patched:?}");
+        }
+    };
+    // Generation 2 points at an upstream that refuses the handshake.
+    let faulty = FaultyUpstream::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        .await
+        .unwrap();
+    faulty.set("gen", Misbehavior::Reject);
+    patch_spec(json!({"url": faulty.url("gen")})).await;
+    let mut seen = Vec::new();
+    let until = tokio::time::Instant::now() + Duration::from_secs(6);
+    while tokio::time::Instant::now() < until {
+        let obj = get(&http, &object_url).await.unwrap();
+        assert_eq!(
+            kstatus::compute(&obj),
+            Kstatus::InProgress,
+            "generation 2 cannot be served yet: {obj}"
+        );
+        assert!(!kstatus::kubectl_wait_satisfied(&obj, "Ready"), "{obj}");
+        let ready = obj["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Ready").cloned())
+            .unwrap_or_default();
+        seen.push((
+            obj["status"]["observedGeneration"].clone(),
+            ready["reason"].clone(),
+        ));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        seen.iter().any(|(g, r)| *g == 2 && *r == "HandshakeFailed"),
+        "the owner's retries of generation 2 are observed: {seen:?}"
+    );
+
+    // Back to a working upstream: generation 3 is Current once it runs.
+    patch_spec(json!({"url": upstream.url("gen")})).await;
+    eventually_or(
+        Duration::from_secs(30),
+        "generation 3 is Current",
+        || verdict(Kstatus::Current, 3),
+        diagnostics,
+    )
+    .await;
+    let obj = get(&http, &object_url).await.unwrap();
+    assert!(kstatus::kubectl_wait_satisfied(&obj, "Ready"), "{obj}");
+
+    // A sink no policy allows: refused for good, so Failed, not InProgress.
+    patch_spec(json!({"sink": {"http": {"url": "http://169.254.169.254/ingest"}, "log": null}}))
+        .await;
+    eventually_or(
+        Duration::from_secs(30),
+        "generation 4 is Failed (Stalled)",
+        || verdict(Kstatus::Failed, 4),
+        diagnostics,
+    )
+    .await;
+}

@@ -8,6 +8,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 pub(super) const READY: &str = "Ready";
 pub(super) const OWNED: &str = "Owned";
+pub(super) const RECONCILING: &str = "Reconciling";
+pub(super) const STALLED: &str = "Stalled";
+/// Ready's reason while the owner still serves an older generation.
+pub(super) const RECONFIGURING: &str = "Reconfiguring";
 
 fn rfc3339(ms: u64) -> Option<String> {
     DateTime::<Utc>::from_timestamp_millis(ms as i64)
@@ -118,11 +122,63 @@ pub(super) fn compute(
         status.phase = Some(Phase::Pending.to_string());
         not_mirrored("NotMirrored", "not yet in the lease table")
     };
+    // The live owner still runs an older generation: not Ready for this one,
+    // whatever the old session's state.
+    let reconfiguring = invalid.or(refused).is_none()
+        && view.is_some_and(|v| {
+            v.live_owner().is_some() && v.record.desired_state == DesiredState::Started
+        })
+        && generation < obj.metadata.generation;
+    let ready = if reconfiguring {
+        (
+            false,
+            RECONFIGURING.to_string(),
+            format!(
+                "the owner's session runs generation {}; generation {} starts with its next session",
+                generation.unwrap_or_default(),
+                obj.metadata.generation.unwrap_or_default()
+            ),
+        )
+    } else {
+        ready
+    };
     status.conditions = vec![
-        condition(READY, ready, generation, previous),
+        condition(READY, ready.clone(), generation, previous),
         condition(OWNED, owned, generation, previous),
     ];
+    status.conditions.extend(progress_conditions(
+        status.phase.as_deref(),
+        &ready,
+        generation,
+        previous,
+    ));
     status
+}
+
+/// kstatus's abnormal-true conditions (the convention Flux, Argo CD's
+/// kstatus checks and cli-utils read), present only while true:
+/// `Stalled` when the stream failed for good (only a spec change helps),
+/// `Reconciling` while it is on its way to Ready (not mirrored, no owner,
+/// connecting, retrying, a new generation waiting for its session). Ready and
+/// Stopped streams carry neither: both are where the spec asks them to be.
+fn progress_conditions(
+    phase: Option<&str>,
+    (ok, reason, message): &(bool, String, String),
+    generation: Option<i64>,
+    previous: Option<&StreamConnectionStatus>,
+) -> Option<Condition> {
+    let type_ = match phase {
+        _ if *ok => return None,
+        Some(p) if p == Phase::Stopped.as_str() => return None,
+        Some(p) if p == Phase::Failed.as_str() => STALLED,
+        _ => RECONCILING,
+    };
+    Some(condition(
+        type_,
+        (true, reason.clone(), message.clone()),
+        generation,
+        previous,
+    ))
 }
 
 /// The generation a status reports on: the one refused (an invalid spec, a
@@ -305,15 +361,21 @@ mod tests {
         assert_eq!(s.observed_generation, Some(4));
         assert_eq!(cond(&s, READY).observed_generation, Some(4));
         assert_eq!(
-            cond(&s, READY).status,
-            "True",
-            "Ready, but for generation 4"
+            (
+                cond(&s, READY).status.as_str(),
+                cond(&s, READY).reason.as_str()
+            ),
+            ("False", RECONFIGURING),
+            "the old session is not Ready for generation 5"
         );
+        assert_eq!(cond(&s, RECONCILING).status, "True");
         // Once the owner's session runs it, it is observed.
         v.record.served_generation = Some(5);
         let s = compute(&o, Some(&v), None, None);
         assert_eq!(s.observed_generation, Some(5));
         assert_eq!(cond(&s, READY).observed_generation, Some(5));
+        assert_eq!(cond(&s, READY).status, "True");
+        assert!(s.conditions.iter().all(|c| c.type_ != RECONCILING));
         // A refused spec is observed at once, with its reason.
         let s = compute(&o, Some(&v), Some("spec.url: bad"), None);
         assert_eq!(s.observed_generation, Some(5));
@@ -321,6 +383,38 @@ mod tests {
         // Not mirrored yet: nothing is observed.
         let s = compute(&o, None, None, None);
         assert_eq!(s.observed_generation, None);
+    }
+
+    #[test]
+    fn reconciling_and_stalled_are_present_only_while_true() {
+        let kinds = |s: &StreamConnectionStatus| {
+            s.conditions
+                .iter()
+                .filter(|c| c.type_ == RECONCILING || c.type_ == STALLED)
+                .map(|c| (c.type_.clone(), c.status.clone()))
+                .collect::<Vec<_>>()
+        };
+        let reconciling = vec![(RECONCILING.to_string(), "True".to_string())];
+        let stalled = vec![(STALLED.to_string(), "True".to_string())];
+        let on = |owner, phase| compute(&obj(), Some(&view(owner, phase)), None, None);
+        assert_eq!(kinds(&on(Some(("w1", true)), Phase::Connected)), vec![]);
+        assert_eq!(
+            kinds(&on(Some(("w1", true)), Phase::Connecting)),
+            reconciling
+        );
+        assert_eq!(kinds(&on(Some(("w1", true)), Phase::Backoff)), reconciling);
+        assert_eq!(kinds(&on(None, Phase::Pending)), reconciling);
+        assert_eq!(kinds(&on(Some(("w1", true)), Phase::Failed)), stalled);
+        assert_eq!(
+            kinds(&on(None, Phase::Failed)),
+            stalled,
+            "kept without an owner"
+        );
+        assert_eq!(kinds(&compute(&obj(), None, None, None)), reconciling);
+        assert_eq!(kinds(&compute(&obj(), None, Some("bad"), None)), stalled);
+        let mut stopped = view(None, Phase::Pending);
+        stopped.record.desired_state = DesiredState::Stopped;
+        assert_eq!(kinds(&compute(&obj(), Some(&stopped), None, None)), vec![]);
     }
 
     #[test]

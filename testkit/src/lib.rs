@@ -14,6 +14,7 @@
 //! - `bed`: the one test bed; `fixtures`: specs written once;
 //! - `otlp`: an OTLP/HTTP (JSON) trace receiver;
 //! - `k8s`: the Kubernetes API emulator and `tether operator` against it;
+//! - `kstatus`: the status rules GitOps tools and `kubectl wait` apply;
 //! - `chaos`: the seeded chaos runner;
 //! - `capacity`: a capacity model of DynamoDB partitions (a metering proxy).
 
@@ -25,6 +26,7 @@ pub mod chaos;
 pub mod dynamo_proxy;
 pub mod fixtures;
 pub mod k8s;
+pub mod kstatus;
 pub mod otlp;
 pub mod processes;
 pub mod proxy;
