@@ -56,10 +56,16 @@ cfn_table = cfn["LeaseTable"]["Properties"]
 assert unquote(table["hash_key"]) == "Pk"
 assert table["deletion_protection_enabled"] is True and cfn_table["DeletionProtectionEnabled"] is True
 assert unquote(table["ttl"][0]["attribute_name"]) == cfn_table["TimeToLiveSpecification"]["AttributeName"] == "expires_at"
-gsi = table["global_secondary_index"][0]
-cfn_gsi = cfn_table["GlobalSecondaryIndexes"][0]
-assert unquote(gsi["name"]) == cfn_gsi["IndexName"] == "by_holder"
-assert [unquote(a) for a in gsi["non_key_attributes"]] == cfn_gsi["Projection"]["NonKeyAttributes"], "index projections differ"
+tf_indexes = table["global_secondary_index"]
+cfn_indexes = cfn_table["GlobalSecondaryIndexes"]
+assert [unquote(g["name"]) for g in tf_indexes] == [g["IndexName"] for g in cfn_indexes] == ["by_holder", "by_change"]
+for gsi, cfn_gsi in zip(tf_indexes, cfn_indexes):
+    assert [unquote(a) for a in gsi["non_key_attributes"]] == cfn_gsi["Projection"]["NonKeyAttributes"], "index projections differ"
+    tf_keys = [unquote(gsi["hash_key"])] + ([unquote(gsi["range_key"])] if "range_key" in gsi else [])
+    assert tf_keys == [k["AttributeName"] for k in cfn_gsi["KeySchema"]], f"{gsi['name']} keys differ"
+tf_types = {unquote(a["name"]): unquote(a["type"]) for a in table["attribute"]}
+cfn_types = {a["AttributeName"]: a["AttributeType"] for a in cfn_table["AttributeDefinitions"]}
+assert tf_types == cfn_types, f"attribute types differ: {tf_types} != {cfn_types}"
 
 docs = data("aws_iam_policy_document")
 for tf_name, cfn_name in [("worker", "WorkerPolicy"), ("cli", "CliPolicy")]:

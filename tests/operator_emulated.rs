@@ -21,15 +21,17 @@ fn operator_command(
     id: &str,
     dir: &std::path::Path,
     emulator: &Emulator,
+    metrics: SocketAddr,
 ) -> tokio::process::Command {
     let kubeconfig = emulator.kubeconfig(dir, "feeds");
-    k8s::operator_command(
+    k8s::operator_command_at(
         std::path::Path::new(env!("CARGO_BIN_EXE_tether")),
         store.table(),
         id,
         &kubeconfig,
         Duration::from_secs(3),
         Duration::from_millis(750),
+        metrics,
     )
 }
 
@@ -79,6 +81,8 @@ struct Operated {
     dir: tempfile::TempDir,
     operator: tokio::process::Child,
     http: reqwest::Client,
+    /// Where the operator serves `/metrics`.
+    metrics: SocketAddr,
 }
 
 impl Operated {
@@ -93,7 +97,8 @@ impl Operated {
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let log = std::fs::File::create(dir.path().join(Self::LOG)).unwrap();
-        let operator = operator_command(&store, id, dir.path(), &emulator)
+        let metrics = tether_testkit::processes::free_port().unwrap();
+        let operator = operator_command(&store, id, dir.path(), &emulator, metrics)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
@@ -107,6 +112,7 @@ impl Operated {
             dir,
             operator,
             http: reqwest::Client::new(),
+            metrics,
         }
     }
 }
@@ -120,6 +126,7 @@ async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
         dir,
         mut operator,
         http,
+        ..
     } = Operated::start("op-1", &[]).await;
     let object_url = format!("{}{PATH}/live", emulator.url);
     let manifest = json!({
@@ -273,6 +280,7 @@ async fn header_secrets_are_read_at_connect_time_and_never_stored_or_logged() {
         dir,
         mut operator,
         http,
+        ..
     } = Operated::start(
         "op-s",
         &[(
@@ -630,6 +638,7 @@ async fn an_item_written_straight_into_the_table_is_not_served_and_reads_no_secr
         dir,
         mut operator,
         http,
+        ..
     } = Operated::start("op-d", &[]).await;
     let log_path = dir.path().join(Operated::LOG);
     let diagnostics = || std::fs::read_to_string(&log_path).unwrap_or_default();
@@ -733,6 +742,7 @@ async fn an_annotation_asks_the_owner_to_reconnect_once_per_value() {
         dir,
         operator: _operator,
         http,
+        ..
     } = Operated::start("op-1", &[]).await;
     create(
         &http,
@@ -812,6 +822,7 @@ async fn a_new_generation_is_in_progress_until_its_session_runs_and_a_refusal_st
         dir,
         operator: _operator,
         http,
+        ..
     } = Operated::start("op-1", &[]).await;
     let object_url = format!("{}{PATH}/gen", emulator.url);
     create(
@@ -908,6 +919,115 @@ async fn a_new_generation_is_in_progress_until_its_session_runs_and_a_refusal_st
         Duration::from_secs(30),
         "generation 4 is Failed (Stalled)",
         || verdict(Kstatus::Failed, 4),
+        diagnostics,
+    )
+    .await;
+}
+
+/// DynamoDB requests of one operation the operator has made so far (its
+/// `/metrics`, every result).
+async fn requests_of(http: &reqwest::Client, metrics: SocketAddr, operation: &str) -> f64 {
+    let text = http
+        .get(format!("http://{metrics}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| {
+            l.starts_with("tether_dynamodb_requests_total{")
+                && l.contains(&format!("operation=\"{operation}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The controller's status follows what changed: with 20 resources served and
+/// nothing changing, a status refresh of 500 ms reads no stream item per
+/// resource per refresh (that was 20 reads a refresh), only the change index
+/// and the fleet each pass; and a change a worker makes (a reconnect asked
+/// through the annotation) still reaches the status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_state_status_reads_follow_changes_not_resources() {
+    let Operated {
+        emulator,
+        upstream,
+        dir,
+        http,
+        metrics,
+        store: _store,
+        operator: _operator,
+    } = Operated::start("op-1", &[]).await;
+    let names: Vec<String> = (0..20).map(|i| format!("s{i:02}")).collect();
+    for name in &names {
+        create(
+            &http,
+            format!("{}{PATH}", emulator.url),
+            &log_stream(name, &upstream.url(name)),
+        )
+        .await;
+    }
+    let diagnostics =
+        || std::fs::read_to_string(dir.path().join(Operated::LOG)).unwrap_or_default();
+    eventually_or(
+        Duration::from_secs(40),
+        "every status says Connected",
+        || async {
+            for name in &names {
+                let obj = get(&http, &format!("{}{PATH}/{name}", emulator.url))
+                    .await
+                    .unwrap_or_default();
+                if obj["status"]["phase"] != "Connected" {
+                    return false;
+                }
+            }
+            true
+        },
+        diagnostics,
+    )
+    .await;
+    // Let the last reconciles of the start settle, then count 5 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = requests_of(&http, metrics, "get_item").await;
+    let passes_before = requests_of(&http, metrics, "query_changes").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let stream_reads = requests_of(&http, metrics, "get_item").await - before;
+    let passes = requests_of(&http, metrics, "query_changes").await - passes_before;
+    assert!(
+        passes >= 16.0 * 5.0,
+        "the change index is read every pass (16 shards): {passes} queries"
+    );
+    // Polling would be 20 resources x 10 refreshes = 200 reads; what is left
+    // is the worker's own audit (a rolling share of its held items).
+    assert!(
+        stream_reads < 40.0,
+        "{stream_reads} stream item reads in 5 s of steady state\n{}",
+        diagnostics()
+    );
+
+    // A change only a worker writes still reaches the status.
+    let object_url = format!("{}{PATH}/s07", emulator.url);
+    let since = get(&http, &object_url).await.unwrap()["status"]["connectedSince"].clone();
+    assert!(since.is_string());
+    // connectedSince has a resolution of one second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let patched = http
+        .patch(&object_url)
+        .header("content-type", "application/merge-patch+json")
+        .body(json!({"metadata": {"annotations": {"tether.dev/reconnect": "1"}}}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(patched.status().is_success());
+    eventually_or(
+        Duration::from_secs(20),
+        "the new session shows in status",
+        || async {
+            let obj = get(&http, &object_url).await.unwrap_or_default();
+            obj["status"]["connectedSince"] != since && obj["status"]["phase"] == "Connected"
+        },
         diagnostics,
     )
     .await;

@@ -1,5 +1,6 @@
 # The lease table and the pods' IAM, the same resources as
-# deploy/cloudformation.yaml: on-demand billing, the by_holder index, TTL on
+# deploy/cloudformation.yaml: on-demand billing, the by_holder and by_change
+# indexes, TTL on
 # departed workers' items, point-in-time recovery, deletion protection, a
 # least-privilege policy for tether pods and one for CLI users, and optionally
 # the pods' role for IRSA and/or EKS Pod Identity (with its association).
@@ -25,6 +26,16 @@ resource "aws_dynamodb_table" "leases" {
     type = "S"
   }
 
+  attribute {
+    name = "change_shard"
+    type = "S"
+  }
+
+  attribute {
+    name = "changed_at_ms"
+    type = "N"
+  }
+
   global_secondary_index {
     name            = "by_holder"
     hash_key        = "holder"
@@ -41,6 +52,14 @@ resource "aws_dynamodb_table" "leases" {
       "worker_state",
       "draining_at_ms",
     ]
+  }
+
+  global_secondary_index {
+    name               = "by_change"
+    hash_key           = "change_shard"
+    range_key          = "changed_at_ms"
+    projection_type    = "INCLUDE"
+    non_key_attributes = ["uid", "change_seq"]
   }
 
   ttl {
@@ -80,20 +99,22 @@ data "aws_iam_policy_document" "worker" {
     resources = [aws_dynamodb_table.leases.arn]
   }
 
-  # Fleet, unowned and dead-owner queries (by_state only while a rolling
-  # upgrade from 0.1 is under way).
+  # Fleet, unowned and dead-owner queries; the controller's change feed
+  # (by_state only while a rolling upgrade from 0.1 is under way).
   statement {
     sid     = "Indexes"
     actions = ["dynamodb:Query"]
     resources = [
       "${aws_dynamodb_table.leases.arn}/index/by_holder",
+      "${aws_dynamodb_table.leases.arn}/index/by_change",
       "${aws_dynamodb_table.leases.arn}/index/by_state",
     ]
   }
 
-  # The controller's garbage collector lists the stream items with a scan to
-  # find those whose StreamConnection is gone. Only the leader runs it, and
-  # any operator pod may become the leader.
+  # The controller's garbage collector scans the stream items once when a
+  # replica starts leading (items from before by_change) to find those whose
+  # StreamConnection is gone, and queries by_change after that. Any operator
+  # pod may become the leader.
   statement {
     sid       = "GarbageCollection"
     actions   = ["dynamodb:Scan"]

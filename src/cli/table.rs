@@ -7,7 +7,7 @@ pub(super) async fn create(store: &LeaseStore) -> anyhow::Result<()> {
     let layout = store.describe().await?;
     let what = match change {
         TableChange::Created => "created",
-        TableChange::Upgraded => "upgraded in place (index by_holder added)",
+        TableChange::Upgraded => "upgraded in place (missing indexes added)",
         TableChange::Unchanged => "already exists",
     };
     println!(

@@ -5,10 +5,15 @@
 //! for the whole grace (confirmed by a direct read, not only the cache): an
 //! item is stopped and deleted (a tombstone keeps its fencing token; a live
 //! owner is told and releases).
+//!
+//! Listing: the first pass of a leadership scans the table (it also finds
+//! items written before the change index existed); later passes, on a table
+//! with the change index, query this installation's partitions of it, which
+//! hold only its live items (a tombstone leaves the index).
 
 use super::reconcile::{Context, Error};
 use crate::crd::StreamConnection;
-use crate::lease::StreamRecord;
+use crate::lease::{StreamKey, StreamRecord};
 use kube::Api;
 use kube::runtime::reflector::Store;
 use std::collections::{HashMap, HashSet};
@@ -25,6 +30,7 @@ const MAX_PASS_INTERVAL: Duration = Duration::from_secs(300);
 pub(super) async fn run(
     ctx: Arc<Context>,
     readers: Vec<Store<StreamConnection>>,
+    by_query: bool,
     leading: CancellationToken,
 ) {
     for reader in &readers {
@@ -37,9 +43,11 @@ pub(super) async fn run(
         (ctx.settings.gc_grace / PASSES_PER_GRACE).clamp(MIN_PASS_INTERVAL, MAX_PASS_INTERVAL);
     // Per key: when this leader first found its resource missing.
     let mut missing: HashMap<String, Instant> = HashMap::new();
+    let mut scanned = false;
     loop {
-        if let Err(e) = pass(&ctx, &readers, &mut missing).await {
-            tracing::warn!(error = %e, "garbage collection pass failed");
+        match pass(&ctx, &readers, &mut missing, by_query && scanned).await {
+            Ok(()) => scanned = true,
+            Err(e) => tracing::warn!(error = %e, "garbage collection pass failed"),
         }
         tokio::select! {
             _ = leading.cancelled() => return,
@@ -52,6 +60,7 @@ async fn pass(
     ctx: &Context,
     readers: &[Store<StreamConnection>],
     missing: &mut HashMap<String, Instant>,
+    by_query: bool,
 ) -> Result<(), Error> {
     let present: HashSet<(String, String, String)> = known(readers)
         .iter()
@@ -63,22 +72,46 @@ async fn pass(
             ))
         })
         .collect();
-    let found = ctx.store.list().await?;
+    // (key, the resource UID that wrote it) of this installation's items.
+    let listed: Vec<(StreamKey, Option<String>)> = if by_query {
+        ctx.store
+            .changes(ctx.settings.item_installation(), 0)
+            .await?
+            .into_iter()
+            .map(|c| (c.key, c.uid))
+            .collect()
+    } else {
+        ctx.store
+            .list()
+            .await?
+            .records
+            .into_iter()
+            .filter(|r| ours(ctx, r))
+            .map(|r| (r.key, r.uid))
+            .collect()
+    };
     let mut candidates = HashSet::new();
-    for record in found.records.iter().filter(|r| ours(ctx, r)) {
+    for (stream, uid) in listed {
         let id = (
-            record.key.namespace.clone(),
-            record.key.name.clone(),
-            record.uid.clone().unwrap_or_default(),
+            stream.namespace.clone(),
+            stream.name.clone(),
+            uid.unwrap_or_default(),
         );
-        let key = record.key.to_string();
-        if present.contains(&id) {
+        let key = stream.to_string();
+        if present.contains(&id) || !watched(ctx, &stream) {
             continue;
         }
         candidates.insert(key.clone());
         let since = *missing.entry(key).or_insert_with(Instant::now);
-        if since.elapsed() >= ctx.settings.gc_grace && gone(ctx, record).await? {
-            collect(ctx, record).await?;
+        if since.elapsed() < ctx.settings.gc_grace {
+            continue;
+        }
+        // Read again: the listing may be an index's (eventually consistent).
+        let Some(record) = ctx.store.get(&stream).await? else {
+            continue;
+        };
+        if !record.is_tombstone() && ours(ctx, &record) && gone(ctx, &record).await? {
+            collect(ctx, &record).await?;
         }
     }
     missing.retain(|k, _| candidates.contains(k));
@@ -89,8 +122,11 @@ async fn pass(
 fn ours(ctx: &Context, record: &StreamRecord) -> bool {
     record.uid.is_some()
         && record.installation.as_deref() == Some(ctx.settings.item_installation())
-        && (ctx.settings.namespaces.is_empty()
-            || ctx.settings.namespaces.contains(&record.key.namespace))
+        && watched(ctx, &record.key)
+}
+
+fn watched(ctx: &Context, key: &StreamKey) -> bool {
+    ctx.settings.namespaces.is_empty() || ctx.settings.namespaces.contains(&key.namespace)
 }
 
 /// Confirms with the API server that no resource of this name and UID exists.

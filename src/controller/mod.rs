@@ -15,6 +15,7 @@ mod reconcile;
 mod resource_status;
 mod run;
 mod settings;
+mod status_feed;
 
 pub use reconcile::{
     Context, Error, FIELD_MANAGER, FINALIZER, RELEASE_WAIT, check_crd, error_policy, reconcile,

@@ -4,6 +4,7 @@
 
 use super::resource_status;
 use super::settings::{self, ControllerSettings};
+use super::status_feed::{RESYNC, StatusFeed};
 use crate::crd::{DesiredStateSpec, StreamConnection, StreamConnectionStatus};
 use crate::lease::{
     LeaseStore, ResourceIdentity, StoreError, StreamKey, TombstoneOutcome, UpsertOutcome,
@@ -73,6 +74,9 @@ pub struct Context {
     last_write: Mutex<HashMap<String, Instant>>,
     /// Consecutive failures per object, for exponential backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// While leading on a table with the change index: status from what
+    /// changed (`None`: each resource's item is read every refresh).
+    feed: Mutex<Option<Arc<StatusFeed>>>,
 }
 
 impl Context {
@@ -94,7 +98,17 @@ impl Context {
             metrics,
             last_write: Mutex::default(),
             failures: Mutex::default(),
+            feed: Mutex::default(),
         }
+    }
+
+    /// The status feed this leadership reads, if any.
+    pub(super) fn status_feed(&self) -> Option<Arc<StatusFeed>> {
+        lock(&self.feed).clone()
+    }
+
+    pub(super) fn set_status_feed(&self, feed: Option<Arc<StatusFeed>>) {
+        *lock(&self.feed) = feed;
     }
 }
 
@@ -206,9 +220,21 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
         resource_of(obj, ctx.settings.item_installation()),
     );
     desired.requests = crate::mirror::requests_of(obj.annotations());
-    // The status needs the item anyway: read it first, and write (a read
-    // and a conditional write of its own) only when it does not match.
-    let mut view = ctx.store.view(&key).await?;
+    // The status needs the item anyway: read it first (from the status
+    // feed's cache when it has it), and write (a read and a conditional
+    // write of its own) only when it does not match.
+    let feed = ctx.status_feed();
+    let read = |key: StreamKey| {
+        let feed = feed.clone();
+        let desired = &desired;
+        async move {
+            match feed {
+                Some(f) => f.view(&ctx.store, &key, desired).await,
+                None => ctx.store.view(&key).await,
+            }
+        }
+    };
+    let mut view = read(key.clone()).await?;
     let outcome = if view
         .as_ref()
         .is_some_and(|v| LeaseStore::mirrors(&v.record, &desired))
@@ -216,8 +242,11 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
         UpsertOutcome::Unchanged
     } else {
         let outcome = ctx.store.upsert_desired(&desired).await?;
+        if let Some(f) = &feed {
+            f.invalidate(&key);
+        }
         if outcome == UpsertOutcome::Applied {
-            view = ctx.store.view(&key).await?;
+            view = read(key.clone()).await?;
         }
         outcome
     };
@@ -256,7 +285,12 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
         }
         announce(ctx, obj, previous.as_ref(), &status).await;
     }
-    Ok(Action::requeue(ctx.settings.status_refresh))
+    // With the feed, changes ask for the reconcile; the timer is a safety net.
+    Ok(Action::requeue(if feed.is_some() {
+        RESYNC
+    } else {
+        ctx.settings.status_refresh
+    }))
 }
 
 /// Mark STOPPED, wait for the release (bounded), delete the item (a tombstone
@@ -367,6 +401,9 @@ async fn cleanup_item(
         tracing::warn!(stream = %key, "owner did not release in time; deleted anyway (the owner is told and stops)");
     }
     lock(&ctx.last_write).remove(&key.to_string());
+    if let Some(f) = ctx.status_feed() {
+        f.forget(&key);
+    }
     publish(
         ctx,
         obj,

@@ -6,6 +6,7 @@
 use super::gc;
 use super::leader::{Election, Elector, LeadershipEnd};
 use super::reconcile::{Context, error_policy, reconcile};
+use super::status_feed::{StatusFeed, Trigger};
 use crate::crd::StreamConnection;
 use futures::StreamExt;
 use kube::runtime::controller::Controller;
@@ -80,6 +81,29 @@ async fn lead(ctx: Arc<Context>, leading: CancellationToken) {
     } else {
         ctx.settings.namespaces.iter().cloned().map(Some).collect()
     };
+    // Status from the change feed when the table has its index (and no
+    // version-1 worker, which stamps nothing, may still write); else each
+    // resource's item is read every refresh.
+    let feed = match ctx.store.describe().await {
+        Ok(layout) if layout.change_index == Some(true) && !layout.legacy_index => {
+            Some(Arc::new(StatusFeed::new(
+                ctx.settings.item_installation(),
+                ctx.settings.progress_interval,
+            )))
+        }
+        Ok(_) => {
+            tracing::warn!(
+                "the table has no active change index (or a version-1 index): status is read per resource every refresh; `tether table create` adds the index"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot describe the table: status is read per resource every refresh");
+            None
+        }
+    };
+    ctx.set_status_feed(feed.clone());
+    let mut triggers: Vec<Trigger> = Vec::new();
     let mut readers = Vec::new();
     let mut controllers = Vec::new();
     for namespace in namespaces {
@@ -89,14 +113,17 @@ async fn lead(ctx: Arc<Context>, leading: CancellationToken) {
         };
         let (reader, writer) = reflector::store();
         let config = watcher::Config::default().labels(&ctx.settings.label_selector());
-        let triggers = watcher(api, config)
+        let watched = watcher(api, config)
             .default_backoff()
             .reflect(writer)
             .applied_objects()
             .predicate_filter(worth_reconciling, Default::default());
         readers.push(reader.clone());
+        let (asked, mut asks) = tokio::sync::mpsc::unbounded_channel();
+        triggers.push((namespace.clone(), asked));
         controllers.push(
-            Controller::for_stream(triggers, reader)
+            Controller::for_stream(watched, reader)
+                .reconcile_on(futures::stream::poll_fn(move |cx| asks.poll_recv(cx)))
                 .graceful_shutdown_on(leading.clone().cancelled_owned())
                 .run(reconcile, error_policy, ctx.clone())
                 .boxed(),
@@ -108,7 +135,38 @@ async fn lead(ctx: Arc<Context>, leading: CancellationToken) {
             Err(e) => tracing::debug!(error = %e, "reconcile error"),
         }
     });
-    tokio::join!(reconciling, gc::run(ctx.clone(), readers, leading));
+    let following = async {
+        if let Some(feed) = &feed {
+            follow(&ctx, feed, &triggers, &leading).await;
+        }
+    };
+    tokio::join!(
+        reconciling,
+        following,
+        gc::run(ctx.clone(), readers, feed.is_some(), leading.clone())
+    );
+    ctx.set_status_feed(None);
+}
+
+/// Reads the change feed every `--status-refresh` until leadership ends.
+async fn follow(
+    ctx: &Context,
+    feed: &StatusFeed,
+    triggers: &[Trigger],
+    leading: &CancellationToken,
+) {
+    loop {
+        match feed.pass(&ctx.store, triggers).await {
+            Ok(asked) => tracing::debug!(asked, "status feed pass"),
+            Err(e) => {
+                tracing::warn!(error = %e, "status feed pass failed; the next one looks back further")
+            }
+        }
+        tokio::select! {
+            _ = leading.cancelled() => return,
+            _ = tokio::time::sleep(ctx.settings.status_refresh) => {}
+        }
+    }
 }
 
 /// What a reconcile depends on, hashed: a status write by the controller

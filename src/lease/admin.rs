@@ -9,7 +9,7 @@
 
 use super::client::LeaseStore;
 use super::clock::now_ms;
-use super::codec::{HOLDER_INDEX_ATTRIBUTES, attr, n, s};
+use super::codec::{CHANGE_INDEX_ATTRIBUTES, HOLDER_INDEX_ATTRIBUTES, attr, n, s};
 use super::error::StoreError;
 use super::keys::STREAM_PK_PREFIX;
 use super::record::{DesiredState, Ownership, StreamRecord};
@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 /// The index the protocol queries.
 pub const HOLDER_INDEX: &str = "by_holder";
+/// The controller's change feed (see [`IndexSpec::change`]).
+pub const CHANGE_INDEX: &str = "by_change";
 /// Version 1's index, kept during a rolling upgrade.
 pub const LEGACY_INDEX: &str = "by_state";
 /// How long `table create` waits for the table and its index to become ACTIVE.
@@ -52,6 +54,9 @@ pub struct TableLayout {
     pub active: bool,
     /// `by_holder`: `Some(active)` when present.
     pub holder_index: Option<bool>,
+    /// `by_change`: `Some(active)` when present (tables made before it have
+    /// none until `tether table create` adds it; the controller then polls).
+    pub change_index: Option<bool>,
     /// `by_state` (version 1) is present.
     pub legacy_index: bool,
     /// `(read, write)` capacity units of a provisioned table; `None` on demand.
@@ -66,45 +71,105 @@ fn key(name: &str, kind: KeyType) -> KeySchemaElement {
         .expect("both required fields are set")
 }
 
-fn def(name: &str) -> AttributeDefinition {
+fn def(name: &str, kind: ScalarAttributeType) -> AttributeDefinition {
     AttributeDefinition::builder()
         .attribute_name(name)
-        .attribute_type(ScalarAttributeType::S)
+        .attribute_type(kind)
         .build()
         .expect("both required fields are set")
 }
 
-fn holder_projection() -> Projection {
+fn include(attributes: &[&str]) -> Projection {
     let mut p = Projection::builder().projection_type(ProjectionType::Include);
-    for a in HOLDER_INDEX_ATTRIBUTES {
-        p = p.non_key_attributes(a);
+    for a in attributes {
+        p = p.non_key_attributes(*a);
     }
     p.build()
 }
 
+/// One index of the table: its keys (with their types) and projection.
+struct IndexSpec {
+    name: &'static str,
+    keys: Vec<(&'static str, KeyType, ScalarAttributeType)>,
+    projection: Projection,
+}
+
+impl IndexSpec {
+    /// The protocol's index: who holds what (see the module docs).
+    fn holder() -> Self {
+        Self {
+            name: HOLDER_INDEX,
+            keys: vec![(attr::HOLDER, KeyType::Hash, ScalarAttributeType::S)],
+            projection: include(&HOLDER_INDEX_ATTRIBUTES),
+        }
+    }
+
+    /// The controller's change feed: one installation's streams by when they
+    /// last changed, spread over [`super::keys::CHANGE_SHARDS`] partitions.
+    fn change() -> Self {
+        Self {
+            name: CHANGE_INDEX,
+            keys: vec![
+                (attr::CHANGE_SHARD, KeyType::Hash, ScalarAttributeType::S),
+                (attr::CHANGED_AT_MS, KeyType::Range, ScalarAttributeType::N),
+            ],
+            projection: include(&CHANGE_INDEX_ATTRIBUTES),
+        }
+    }
+
+    fn key_schema(&self) -> Vec<KeySchemaElement> {
+        self.keys
+            .iter()
+            .map(|(a, k, _)| key(a, k.clone()))
+            .collect()
+    }
+
+    fn definitions(&self) -> Vec<AttributeDefinition> {
+        self.keys
+            .iter()
+            .map(|(a, _, t)| def(a, t.clone()))
+            .collect()
+    }
+
+    fn present(&self, layout: &TableLayout) -> Option<bool> {
+        match self.name {
+            HOLDER_INDEX => layout.holder_index,
+            _ => layout.change_index,
+        }
+    }
+}
+
 impl LeaseStore {
-    /// Creates the table with its index (on-demand billing) if missing, adds
-    /// the index to a version-1 table, enables TTL for worker items, and waits
-    /// until everything is ACTIVE.
+    /// Creates the table with its indexes (on-demand billing) if missing,
+    /// adds the indexes an older table lacks (one at a time, as DynamoDB
+    /// requires), enables TTL for worker items, and waits until everything
+    /// is ACTIVE.
     pub async fn create_table(&self) -> Result<TableChange, StoreError> {
-        let change = match self.describe().await {
+        let specs = [IndexSpec::holder(), IndexSpec::change()];
+        let mut change = match self.describe().await {
             Err(StoreError::TableNotFound { .. }) => {
-                let gsi = GlobalSecondaryIndex::builder()
-                    .index_name(HOLDER_INDEX)
-                    .key_schema(key(attr::HOLDER, KeyType::Hash))
-                    .projection(holder_projection())
-                    .build()
-                    .expect("GSI fields are set");
+                let mut definitions = vec![def(attr::PK, ScalarAttributeType::S)];
+                let mut indexes = Vec::new();
+                for spec in &specs {
+                    definitions.extend(spec.definitions());
+                    indexes.push(
+                        GlobalSecondaryIndex::builder()
+                            .index_name(spec.name)
+                            .set_key_schema(Some(spec.key_schema()))
+                            .projection(spec.projection.clone())
+                            .build()
+                            .expect("GSI fields are set"),
+                    );
+                }
                 let created = self
                     .call_plain("create_table", None, || {
                         self.client
                             .create_table()
                             .table_name(&self.table)
                             .billing_mode(BillingMode::PayPerRequest)
-                            .attribute_definitions(def(attr::PK))
-                            .attribute_definitions(def(attr::HOLDER))
+                            .set_attribute_definitions(Some(definitions.clone()))
                             .key_schema(key(attr::PK, KeyType::Hash))
-                            .global_secondary_indexes(gsi.clone())
+                            .set_global_secondary_indexes(Some(indexes.clone()))
                             .send()
                     })
                     .await;
@@ -120,80 +185,98 @@ impl LeaseStore {
                 }
             }
             Err(e) => return Err(e),
-            Ok(layout) if layout.holder_index.is_none() => {
-                self.wait_active(|l| l.active).await?;
-                // A provisioned table's new index needs capacity of its own:
-                // it gets the table's.
-                let action = CreateGlobalSecondaryIndexAction::builder()
-                    .index_name(HOLDER_INDEX)
-                    .key_schema(key(attr::HOLDER, KeyType::Hash))
-                    .projection(holder_projection())
-                    .set_provisioned_throughput(layout.provisioned.map(|(read, write)| {
-                        ProvisionedThroughput::builder()
-                            .read_capacity_units(read)
-                            .write_capacity_units(write)
-                            .build()
-                            .expect("both fields are set")
-                    }))
-                    .build()
-                    .expect("GSI fields are set");
-                let add_index = |action: CreateGlobalSecondaryIndexAction| {
-                    self.call_plain("update_table", None, move || {
-                        self.client
-                            .update_table()
-                            .table_name(&self.table)
-                            .attribute_definitions(def(attr::HOLDER))
-                            .global_secondary_index_updates(
-                                GlobalSecondaryIndexUpdate::builder()
-                                    .create(action.clone())
-                                    .build(),
-                            )
-                            .send()
-                    })
-                };
-                match add_index(action.clone()).await {
-                    // Some DynamoDB-compatible servers (dynalite) insist on
-                    // capacity even for an on-demand table's index.
-                    Err(StoreError::Rejected { detail, .. })
-                        if detail.contains("provisionedThroughput")
-                            && action.provisioned_throughput().is_none() =>
-                    {
-                        let mut with_capacity = action;
-                        with_capacity.provisioned_throughput = Some(
-                            ProvisionedThroughput::builder()
-                                .read_capacity_units(1)
-                                .write_capacity_units(1)
-                                .build()
-                                .expect("both fields are set"),
-                        );
-                        add_index(with_capacity).await?;
-                    }
-                    other => {
-                        other?;
-                    }
-                }
-                TableChange::Upgraded
-            }
             Ok(_) => TableChange::Unchanged,
         };
-        if change == TableChange::Upgraded {
-            // DynamoDB lists a new index as CREATING at once; a server that
-            // accepted the update but shows no index will never build it.
-            tokio::time::sleep(TABLE_POLL).await;
-            if self.describe().await?.holder_index.is_none() {
-                return Err(StoreError::Rejected {
-                    operation: "update_table",
-                    detail: format!(
-                        "the server accepted adding index {HOLDER_INDEX} to '{}' but did not add it (this DynamoDB-compatible server cannot add indexes to existing tables)",
-                        self.table
-                    ),
-                });
+        if change != TableChange::Created {
+            for spec in &specs {
+                let layout = self.describe().await?;
+                if spec.present(&layout).is_none() {
+                    self.add_index(spec, &layout).await?;
+                    change = TableChange::Upgraded;
+                }
             }
         }
-        self.wait_active(|l| l.active && l.holder_index == Some(true))
-            .await?;
+        self.wait_active(|l| {
+            l.active && l.holder_index == Some(true) && l.change_index == Some(true)
+        })
+        .await?;
         self.enable_ttl().await;
         Ok(change)
+    }
+
+    /// Adds one index to an existing table and waits until it is ACTIVE.
+    async fn add_index(&self, spec: &IndexSpec, layout: &TableLayout) -> Result<(), StoreError> {
+        self.wait_active(|l| {
+            l.active
+                && [l.holder_index, l.change_index]
+                    .iter()
+                    .all(|i| *i != Some(false))
+        })
+        .await?;
+        // A provisioned table's new index needs capacity of its own: it gets
+        // the table's.
+        let action = CreateGlobalSecondaryIndexAction::builder()
+            .index_name(spec.name)
+            .set_key_schema(Some(spec.key_schema()))
+            .projection(spec.projection.clone())
+            .set_provisioned_throughput(layout.provisioned.map(|(read, write)| {
+                ProvisionedThroughput::builder()
+                    .read_capacity_units(read)
+                    .write_capacity_units(write)
+                    .build()
+                    .expect("both fields are set")
+            }))
+            .build()
+            .expect("GSI fields are set");
+        let send = |action: CreateGlobalSecondaryIndexAction| {
+            let definitions = spec.definitions();
+            self.call_plain("update_table", None, move || {
+                self.client
+                    .update_table()
+                    .table_name(&self.table)
+                    .set_attribute_definitions(Some(definitions.clone()))
+                    .global_secondary_index_updates(
+                        GlobalSecondaryIndexUpdate::builder()
+                            .create(action.clone())
+                            .build(),
+                    )
+                    .send()
+            })
+        };
+        match send(action.clone()).await {
+            // Some DynamoDB-compatible servers (dynalite) insist on capacity
+            // even for an on-demand table's index.
+            Err(StoreError::Rejected { detail, .. })
+                if detail.contains("provisionedThroughput")
+                    && action.provisioned_throughput().is_none() =>
+            {
+                let mut with_capacity = action;
+                with_capacity.provisioned_throughput = Some(
+                    ProvisionedThroughput::builder()
+                        .read_capacity_units(1)
+                        .write_capacity_units(1)
+                        .build()
+                        .expect("both fields are set"),
+                );
+                send(with_capacity).await?;
+            }
+            other => {
+                other?;
+            }
+        }
+        // DynamoDB lists a new index as CREATING at once; a server that
+        // accepted the update but shows no index will never build it.
+        tokio::time::sleep(TABLE_POLL).await;
+        if spec.present(&self.describe().await?).is_none() {
+            return Err(StoreError::Rejected {
+                operation: "update_table",
+                detail: format!(
+                    "the server accepted adding index {} to '{}' but did not add it (this DynamoDB-compatible server cannot add indexes to existing tables)",
+                    spec.name, self.table
+                ),
+            });
+        }
+        self.wait_active(|l| spec.present(l) == Some(true)).await
     }
 
     /// TTL on `expires_at` removes the items of workers that crashed long ago.
@@ -291,6 +374,7 @@ impl LeaseStore {
             provisioned,
             active: table.and_then(|t| t.table_status()) == Some(&TableStatus::Active),
             holder_index: index(HOLDER_INDEX),
+            change_index: index(CHANGE_INDEX),
             legacy_index: index(LEGACY_INDEX).is_some(),
         })
     }

@@ -30,6 +30,16 @@ pub mod attr {
     pub const HOLDER: &str = "holder";
     pub const RESOURCE_CREATED_MS: &str = "resource_created_ms";
     pub const INSTALLATION: &str = "installation";
+    /// Partition key of the `by_change` index: `<installation>#<shard>`,
+    /// written by the controller's mirror (absent on standalone items, which
+    /// therefore stay out of the index).
+    pub const CHANGE_SHARD: &str = "change_shard";
+    /// Sort key of the `by_change` index: when the item last changed (the
+    /// writer's wall clock), stamped on every stream write by the one builder.
+    pub const CHANGED_AT_MS: &str = "changed_at_ms";
+    /// Counts the item's writes (with `changed_at_ms`): tells two changes in
+    /// one millisecond apart.
+    pub const CHANGE_SEQ: &str = "change_seq";
     pub const PHASE: &str = "phase";
     pub const STATUS_REASON: &str = "status_reason";
     pub const STATUS_MESSAGE: &str = "status_message";
@@ -65,6 +75,11 @@ pub mod attr {
     /// DynamoDB TTL attribute (epoch seconds) of worker and checkpoint items.
     pub const EXPIRES_AT: &str = "expires_at";
 }
+
+/// Attributes the `by_change` index carries besides its keys: enough for the
+/// controller to tell a change it has not read yet (`change_seq`) and, for
+/// the garbage collector, which resource wrote the item (`uid`).
+pub const CHANGE_INDEX_ATTRIBUTES: [&str; 2] = [attr::UID, attr::CHANGE_SEQ];
 
 /// Attributes the `by_holder` index carries besides its keys: what an acquirer
 /// needs to classify and compare-and-swap a candidate, and what the fleet
@@ -204,6 +219,8 @@ pub fn stream_record(item: &Item) -> Result<StreamRecord, Malformed> {
         uid: r.text(attr::UID),
         resource_created_ms: r.soft_number(attr::RESOURCE_CREATED_MS),
         installation: r.text(attr::INSTALLATION),
+        change_shard: r.text(attr::CHANGE_SHARD),
+        change_seq: r.soft_number(attr::CHANGE_SEQ).unwrap_or(0),
         lease_owner: r.text(attr::LEASE_OWNER),
         lease_expires_at_ms: r.number(attr::LEASE_EXPIRES_AT_MS)?.unwrap_or(0),
         lease_counter: r.number(attr::LEASE_COUNTER)?.unwrap_or(0),

@@ -105,6 +105,7 @@ fn matches(current: &StreamRecord, desired: &DesiredStream) -> bool {
                 .as_ref()
                 .map_or("", |r| r.installation.as_str())
         && current.requests == desired.requests
+        && current.change_shard == desired.change_shard()
         && free_holder_ok
 }
 
@@ -205,6 +206,9 @@ impl LeaseStore {
                     g.set("installation", ":inst", s(&r.installation));
                 }
             }
+            if let Some(shard) = desired.change_shard() {
+                g.set(attr::CHANGE_SHARD, ":cs", s(shard));
+            }
             match holder_for(key, desired.desired_state, &ownership) {
                 Some(h) => g.set("holder", ":h", s(h)),
                 None if current
@@ -282,7 +286,9 @@ impl LeaseStore {
                 ":stopped",
                 s(DesiredState::Stopped.as_str()),
             );
-            for a in [attr::WS_URL, attr::SPEC, attr::LAST_SEQ] {
+            // A tombstone also leaves the change feed: its resource is gone,
+            // and the garbage collector lists the installation's items there.
+            for a in [attr::WS_URL, attr::SPEC, attr::LAST_SEQ, attr::CHANGE_SHARD] {
                 g.remove(a);
             }
             if ownership == Ownership::Free {

@@ -258,6 +258,7 @@ impl LeaseStore {
                 partition_attr: attr::HOLDER,
                 partition: FLEET_HOLDER,
                 sort_below: None,
+                sort_above: None,
             })
             .await?;
         let mut fleet = WorkerItems::default();

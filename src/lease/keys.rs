@@ -22,6 +22,12 @@ pub const UNOWNED_HOLDER_PREFIX: &str = "UNOWNED#";
 /// partition-key values, each under DynamoDB's 1,000 write units per second.
 /// Changing it needs a table migration: readers must query every shard.
 pub const HOLDER_SHARDS: u32 = 8;
+/// How many `change_shard` partitions of the `by_change` index one
+/// installation's streams spread over: a cold start writes every stream's
+/// change stamp two or three times within a minute, and each partition-key
+/// value takes at most 1,000 write units per second. The controller reads
+/// every shard each pass. Changing it needs a table migration.
+pub(super) const CHANGE_SHARDS: u32 = 16;
 /// Separator between a worker id and its incarnation suffix (never in an id).
 const INCARNATION_SEPARATOR: char = '~';
 
@@ -66,12 +72,22 @@ impl StreamKey {
     /// Which of the [`HOLDER_SHARDS`] partitions this stream lives in: a stable
     /// hash (FNV-1a), the same on every worker and every version.
     pub fn shard(&self) -> u32 {
+        self.hash() % HOLDER_SHARDS
+    }
+
+    fn hash(&self) -> u32 {
         let mut hash: u32 = 0x811c_9dc5;
         for byte in self.to_string().bytes() {
             hash ^= u32::from(byte);
             hash = hash.wrapping_mul(0x0100_0193);
         }
-        hash % HOLDER_SHARDS
+        hash
+    }
+
+    /// `change_shard` value of this stream in `installation`'s part of the
+    /// `by_change` index.
+    pub fn change_shard(&self, installation: &str) -> String {
+        change_shard(installation, self.hash() % CHANGE_SHARDS)
     }
 
     /// `holder` value while STARTED and unowned.
@@ -84,6 +100,11 @@ impl fmt::Display for StreamKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
     }
+}
+
+/// `change_shard` partition `shard` of `installation`'s streams.
+pub(super) fn change_shard(installation: &str, shard: u32) -> String {
+    format!("{installation}#{shard}")
 }
 
 /// `holder` partition `shard` of the unowned streams.

@@ -31,7 +31,7 @@ mod session_status;
 mod update;
 mod view;
 
-pub use admin::{HOLDER_INDEX, LEGACY_INDEX, TableChange, TableLayout};
+pub use admin::{CHANGE_INDEX, HOLDER_INDEX, LEGACY_INDEX, TableChange, TableLayout};
 pub use client::{
     Caller, LOCAL_CREDENTIALS, LeaseStore, StoreConfig, root_cause, validate_table_name,
 };
@@ -43,11 +43,11 @@ pub use keys::{
     CHECKPOINT_PK_PREFIX, FLEET_HOLDER, HOLDER_SHARDS, Incarnation, STREAM_PK_PREFIX, StreamKey,
     UNOWNED_HOLDER_PREFIX, WORKER_PK_PREFIX, unowned_holder, valid_worker_id, worker_id_of,
 };
-pub use reads::Found;
+pub use reads::{Change, Found};
 pub use record::{
     AcquireFrom, AcquireOutcome, Checkpoint, Checkpoints, DesiredState, DesiredStream, FleetEntry,
     InboxEntry, Lease, OWNED_EXPIRY_MS, OwnerRequests, OwnerWrite, Ownership, PodIdentity,
     ResourceIdentity, StreamRecord, UpsertOutcome, UpsertRefusal, WorkerRecord, WorkerState,
 };
 pub use session_status::{Phase, ReleaseReason, SessionStatus};
-pub use view::{OwnerView, StreamView};
+pub use view::{OwnerView, Owners, StreamView};

@@ -18,8 +18,10 @@ pub(super) struct PartitionQuery<'a> {
     pub index: &'a str,
     pub partition_attr: &'a str,
     pub partition: &'a str,
-    /// `(sort key attribute, "< :now")`-style restriction against `:now`.
+    /// `(sort key attribute, "< :below")`-style restriction.
     pub sort_below: Option<(&'a str, u64)>,
+    /// `(sort key attribute, "> :above")`-style restriction.
+    pub sort_above: Option<(&'a str, u64)>,
 }
 
 impl LeaseStore {
@@ -47,10 +49,10 @@ impl LeaseStore {
         &self,
         q: PartitionQuery<'_>,
     ) -> Result<Vec<Item>, StoreError> {
-        let condition = if q.sort_below.is_some() {
-            "#p = :p AND #s < :below"
-        } else {
-            "#p = :p"
+        let condition = match (q.sort_below, q.sort_above) {
+            (Some(_), _) => "#p = :p AND #s < :below",
+            (None, Some(_)) => "#p = :p AND #s > :above",
+            (None, None) => "#p = :p",
         };
         self.collect_pages(|start| async move {
             let mut request = self
@@ -68,6 +70,10 @@ impl LeaseStore {
                 request = request
                     .expression_attribute_names("#s", sort)
                     .expression_attribute_values(":below", n(below));
+            } else if let Some((sort, above)) = q.sort_above {
+                request = request
+                    .expression_attribute_names("#s", sort)
+                    .expression_attribute_values(":above", n(above));
             }
             let out = self
                 .call_plain(q.operation, None, || request.clone().send())

@@ -3,11 +3,14 @@
 //! orphans. A malformed item never fails a read: it is returned apart, so the
 //! caller can report it and serve the rest.
 
-use super::admin::{HOLDER_INDEX, LEGACY_INDEX};
+use super::admin::{CHANGE_INDEX, HOLDER_INDEX, LEGACY_INDEX};
 use super::client::LeaseStore;
 use super::codec::{Malformed, attr, s, stream_record};
 use super::error::StoreError;
-use super::keys::{HOLDER_SHARDS, Incarnation, STREAM_PK_PREFIX, StreamKey, unowned_holder};
+use super::keys::{
+    CHANGE_SHARDS, HOLDER_SHARDS, Incarnation, STREAM_PK_PREFIX, StreamKey, change_shard,
+    unowned_holder,
+};
 use super::pages::PartitionQuery;
 use super::record::{DesiredState, StreamRecord};
 
@@ -69,6 +72,7 @@ impl LeaseStore {
                 partition_attr: attr::HOLDER,
                 partition: &holder,
                 sort_below: None,
+                sort_above: None,
             })
             .await?,
         );
@@ -87,6 +91,7 @@ impl LeaseStore {
                     partition_attr: attr::HOLDER,
                     partition: &holder,
                     sort_below: None,
+                    sort_above: None,
                 })
                 .await?,
             );
@@ -106,9 +111,68 @@ impl LeaseStore {
                 partition_attr: attr::DESIRED_STATE,
                 partition: DesiredState::Started.as_str(),
                 sort_below: Some((attr::LEASE_EXPIRES_AT_MS, now_ms)),
+                sort_above: None,
             })
             .await?,
         );
         Ok(found)
+    }
+}
+
+/// One entry of the controller's change feed (the `by_change` index): a
+/// stream item of an installation and when it last changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub key: StreamKey,
+    /// The resource that wrote the item.
+    pub uid: Option<String>,
+    /// The writer's wall clock at the write.
+    pub changed_at_ms: u64,
+    /// How many writes the item has had (with the time, which change this is).
+    pub change_seq: u64,
+}
+
+fn change_of(item: &super::codec::Item) -> Option<Change> {
+    let text = |a: &str| item.get(a).and_then(|v| v.as_s().ok()).cloned();
+    let number = |a: &str| {
+        item.get(a)
+            .and_then(|v| v.as_n().ok())
+            .and_then(|v| v.parse().ok())
+    };
+    Some(Change {
+        key: StreamKey::from_pk(&text(attr::PK)?)?,
+        uid: text(attr::UID),
+        changed_at_ms: number(attr::CHANGED_AT_MS)?,
+        change_seq: number(attr::CHANGE_SEQ).unwrap_or(0),
+    })
+}
+
+impl LeaseStore {
+    /// `installation`'s streams that changed after `since_ms` (by their
+    /// writers' clocks; `0`: all of them), from every change shard. One query
+    /// per shard, each reading only the index's small entries: at steady
+    /// state a few bytes, whatever the number of streams. Eventually
+    /// consistent, so callers look back a little before their last pass.
+    pub async fn changes(
+        &self,
+        installation: &str,
+        since_ms: u64,
+    ) -> Result<Vec<Change>, StoreError> {
+        let mut changes = Vec::new();
+        for shard in 0..CHANGE_SHARDS {
+            let partition = change_shard(installation, shard);
+            let items = self
+                .query_partition(PartitionQuery {
+                    operation: "query_changes",
+                    index: CHANGE_INDEX,
+                    partition_attr: attr::CHANGE_SHARD,
+                    partition: &partition,
+                    sort_below: None,
+                    sort_above: (since_ms > 0).then_some((attr::CHANGED_AT_MS, since_ms)),
+                })
+                .await?;
+            changes.extend(items.iter().filter_map(change_of));
+        }
+        Ok(changes)
     }
 }

@@ -66,6 +66,11 @@ pub struct StreamRecord {
     /// The installation (operator release) whose controller wrote the item;
     /// another installation never takes it over.
     pub installation: Option<String>,
+    /// Its partition in the `by_change` index (controller-mirrored items).
+    pub change_shard: Option<String>,
+    /// How many writes the item has had (0 before the change feed existed):
+    /// a copy is current while no newer number was seen.
+    pub change_seq: u64,
     pub lease_owner: Option<String>,
     pub lease_expires_at_ms: u64,
     /// The fencing token: +1 on every acquire, never lower for a stream name.
@@ -115,6 +120,8 @@ impl StreamRecord {
             uid: None,
             resource_created_ms: None,
             installation: None,
+            change_shard: None,
+            change_seq: 0,
             lease_owner: None,
             lease_expires_at_ms: 0,
             lease_counter: 1,
@@ -345,6 +352,17 @@ pub struct DesiredStream {
     pub resource: Option<ResourceIdentity>,
     /// The resource's requests to its owner (none standalone).
     pub requests: OwnerRequests,
+}
+
+impl DesiredStream {
+    /// Its `by_change` partition: only a resource's item has one (the
+    /// controller reads its installation's changes; standalone has no
+    /// controller).
+    pub fn change_shard(&self) -> Option<String> {
+        self.resource
+            .as_ref()
+            .map(|r| self.key.change_shard(&r.installation))
+    }
 }
 
 /// Which Kubernetes resource a mirror write comes from. A newer resource

@@ -6,8 +6,10 @@
 //! values it names, and every write reports its consumed capacity the same way.
 
 use super::client::{ConditionFailed, LeaseStore};
+use super::clock::now_ms;
 use super::codec::{attr, n, s};
 use super::error::StoreError;
+use super::keys::STREAM_PK_PREFIX;
 use aws_sdk_dynamodb::operation::delete_item::builders::DeleteItemFluentBuilder;
 use aws_sdk_dynamodb::operation::put_item::builders::PutItemFluentBuilder;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemOutput;
@@ -17,7 +19,7 @@ use std::collections::HashMap;
 /// A conditional write under construction. Placeholders are chosen by the
 /// caller (they read better in a guard than generated ones); a placeholder
 /// given twice keeps the last value.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(super) struct Update {
     set: Vec<String>,
     remove: Vec<&'static str>,
@@ -177,6 +179,19 @@ impl LeaseStore {
         update: &Update,
         returning: ReturnValue,
     ) -> Result<Result<UpdateItemOutput, ConditionFailed>, StoreError> {
+        // Every write to a stream item is stamped, so the controller's
+        // change feed (the `by_change` index) cannot miss one: a write path
+        // added later is stamped too, without knowing about the feed.
+        let stamped;
+        let update = if pk.starts_with(STREAM_PK_PREFIX) {
+            let mut u = update.clone();
+            u.set(attr::CHANGED_AT_MS, ":changed_at", n(now_ms()));
+            u.add(attr::CHANGE_SEQ, ":change_one", n(1));
+            stamped = u;
+            &stamped
+        } else {
+            update
+        };
         let expression = update.expression();
         let (condition, names, values) = update.guard();
         let out = self

@@ -91,7 +91,65 @@ fn combine(
     }
 }
 
+/// Owners' worker items with their packed checkpoints, read once and used
+/// for many streams (the controller's status reads them per owner, not per
+/// stream).
+#[derive(Clone, Debug, Default)]
+pub struct Owners {
+    workers: HashMap<Incarnation, (WorkerRecord, Checkpoints)>,
+    /// Owners whose worker item is gone (they own nothing alive).
+    gone: std::collections::HashSet<Incarnation>,
+}
+
+impl Owners {
+    /// The stream as people see it, if its owner is in here (or it has none
+    /// this snapshot could tell about).
+    pub fn view(&self, record: &StreamRecord) -> Option<StreamView> {
+        match record.ownership() {
+            Ownership::Owned(inc)
+                if !self.workers.contains_key(&inc) && !self.gone.contains(&inc) =>
+            {
+                None
+            }
+            _ => Some(combine(record.clone(), &self.workers)),
+        }
+    }
+
+    /// Forgets `who`, so the next view of its streams reads it again.
+    pub fn forget(&mut self, who: &Incarnation) {
+        self.workers.remove(who);
+        self.gone.remove(who);
+    }
+
+    pub fn clear(&mut self) {
+        self.workers.clear();
+        self.gone.clear();
+    }
+}
+
 impl LeaseStore {
+    /// Adds `record`'s owner to `owners` (its worker item and checkpoints,
+    /// strongly consistent) unless it is there already.
+    pub async fn add_owner(
+        &self,
+        owners: &mut Owners,
+        record: &StreamRecord,
+    ) -> Result<(), StoreError> {
+        let mut found = self.owners_of(std::iter::once(record)).await?;
+        if let Ownership::Owned(inc) = record.ownership() {
+            match found.remove(&inc) {
+                Some(entry) => {
+                    owners.workers.insert(inc, entry);
+                }
+                // No item: the owner is gone (not alive), remembered as such.
+                None => {
+                    owners.gone.insert(inc);
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn owners_of<'a>(
         &self,
         records: impl Iterator<Item = &'a StreamRecord>,

@@ -40,10 +40,13 @@ use tokio::task::JoinHandle;
 pub const WRITE_UNITS_PER_SECOND: f64 = 1000.0;
 pub const READ_UNITS_PER_SECOND: f64 = 3000.0;
 /// Attributes whose before/after values the model reads around each write.
-const WATCHED: &str =
-    "Pk, holder, desired_state, lease_expires_at_ms, lease_owner, lease_counter, worker_state";
+const WATCHED: &str = "Pk, holder, desired_state, lease_expires_at_ms, lease_owner, lease_counter, worker_state, change_shard";
 /// The indexes the model knows, with their partition-key attribute.
-const INDEXES: [(&str, &str); 2] = [("by_holder", "holder"), ("by_state", "desired_state")];
+const INDEXES: [(&str, &str); 3] = [
+    ("by_holder", "holder"),
+    ("by_state", "desired_state"),
+    ("by_change", "change_shard"),
+];
 
 /// A partition-key value: the table's, or one index's.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

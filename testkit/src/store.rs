@@ -86,6 +86,43 @@ pub async fn fresh_store(page_size: Option<i32>) -> LeaseStore {
     store
 }
 
+/// A fresh table as this release's predecessor made it: without the
+/// `by_change` index, so the controller reads each resource's item every
+/// refresh (the design before the change feed, for side-by-side figures).
+pub async fn store_without_change_index() -> LeaseStore {
+    let store = fresh_store(None).await;
+    raw_client()
+        .await
+        .update_table()
+        .table_name(store.table())
+        .global_secondary_index_updates(
+            aws_sdk_dynamodb::types::GlobalSecondaryIndexUpdate::builder()
+                .delete(
+                    aws_sdk_dynamodb::types::DeleteGlobalSecondaryIndexAction::builder()
+                        .index_name(tether::lease::CHANGE_INDEX)
+                        .build()
+                        .expect("the index name is set"),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .expect("the change index is dropped");
+    for _ in 0..100 {
+        if store
+            .describe()
+            .await
+            .expect("described")
+            .change_index
+            .is_none()
+        {
+            return store;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the change index was not dropped");
+}
+
 /// A plain DynamoDB client for the server under test, for writing items the
 /// store never would (a version-1 table, hand-edited items).
 pub async fn raw_client() -> aws_sdk_dynamodb::Client {

@@ -5,7 +5,10 @@
 //! tether next to tether 0.1 in the same run. Every flag is the binary's
 //! default; the API requests are counted by the emulator, the DynamoDB
 //! requests by each replica's own metrics (the controller's operations:
-//! `upsert_desired`, `get_item`; workers issue neither at steady state).
+//! `upsert_desired`, `get_item`, `query_changes`; workers issue none of them
+//! at steady state). "tether, polled" is this binary on a table without the
+//! change index, where the controller falls back to the previous design:
+//! each resource's item read every `--status-refresh`.
 
 use crate::{Ctx, round2};
 use serde_json::{Value, json};
@@ -26,17 +29,24 @@ const NAMESPACE: &str = "bench";
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
     let mut out = serde_json::Map::new();
     for replicas in [1usize, 3] {
-        for (design, exe) in [("tether", &ctx.exe), ("tether 0.1", &ctx.legacy)] {
-            let figures = one(ctx, exe, replicas).await?;
+        for (design, exe) in [
+            ("tether", &ctx.exe),
+            ("tether, polled", &ctx.exe),
+            ("tether 0.1", &ctx.legacy),
+        ] {
+            let figures = one(ctx, exe, design == "tether, polled", replicas).await?;
             let line = |phase: &str| {
                 let f = &figures[phase];
                 format!(
-                    "API writes {:>6.1}/min (status {:>6.1}, events {:>5.1}), DynamoDB upserts {:>6.1}/min, GetItem {:>6.1}/min",
+                    "API writes {:>6.1}/min (status {:>6.1}, events {:>5.1}), DynamoDB upserts {:>6.1}/min, GetItem {:>6.1}/min, change queries {:>5.1}/min",
                     f["api_writes_per_min"].as_f64().unwrap_or(f64::NAN),
                     f["status_patches_per_min"].as_f64().unwrap_or(f64::NAN),
                     f["events_per_min"].as_f64().unwrap_or(f64::NAN),
                     f["dynamodb_upserts_per_min"].as_f64().unwrap_or(f64::NAN),
                     f["dynamodb_get_item_per_min"].as_f64().unwrap_or(f64::NAN),
+                    f["dynamodb_change_queries_per_min"]
+                        .as_f64()
+                        .unwrap_or(f64::NAN),
                 )
             };
             println!(
@@ -117,6 +127,7 @@ struct Counts {
     api: BTreeMap<String, f64>,
     upserts: f64,
     get_items: f64,
+    change_queries: f64,
 }
 
 async fn counts(emulator: &Emulator, replicas: &[Replica], gone: &Counts) -> Counts {
@@ -132,6 +143,7 @@ async fn counts(emulator: &Emulator, replicas: &[Replica], gone: &Counts) -> Cou
         api,
         upserts: gone.upserts,
         get_items: gone.get_items,
+        change_queries: gone.change_queries,
     };
     for r in replicas {
         let text = metrics_text(r).await;
@@ -144,6 +156,11 @@ async fn counts(emulator: &Emulator, replicas: &[Replica], gone: &Counts) -> Cou
             &text,
             "tether_dynamodb_requests_total",
             "operation=\"get_item\"",
+        );
+        c.change_queries += metric_sum(
+            &text,
+            "tether_dynamodb_requests_total",
+            "operation=\"query_changes\"",
         );
     }
     c
@@ -172,16 +189,19 @@ fn per_minute(before: &Counts, after: &Counts, window: Duration) -> Value {
         "api_reads_per_min": round2(api(&|k| k.starts_with("GET"))),
         "dynamodb_upserts_per_min": round2((after.upserts - before.upserts) * scale),
         "dynamodb_get_item_per_min": round2((after.get_items - before.get_items) * scale),
+        "dynamodb_change_queries_per_min": round2((after.change_queries - before.change_queries) * scale),
     })
 }
 
-async fn one(ctx: &Ctx, exe: &Path, replicas: usize) -> anyhow::Result<Value> {
+async fn one(ctx: &Ctx, exe: &Path, polled: bool, replicas: usize) -> anyhow::Result<Value> {
     let n = ctx.profile.controller_resources;
     let window = ctx.profile.controller_window;
     let emulator = Emulator::start();
     // Each design on a table it created (0.1 refuses a table without its index).
     let store = if exe == ctx.legacy.as_path() {
         tether_testkit::bed::legacy_store(&ctx.legacy).await?
+    } else if polled {
+        tether_testkit::store::store_without_change_index().await
     } else {
         fresh_store(None).await
     };
@@ -262,6 +282,7 @@ async fn one(ctx: &Ctx, exe: &Path, replicas: usize) -> anyhow::Result<Value> {
         api: BTreeMap::new(),
         upserts: last.upserts,
         get_items: last.get_items,
+        change_queries: last.change_queries,
     };
     dead.child.kill().await?;
     let killed = Instant::now();

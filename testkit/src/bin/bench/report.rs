@@ -244,22 +244,23 @@ fn markdown(r: &Value) -> String {
     if let Some(c) = res.get("controller") {
         md.push_str(&format!(
             "## Controller load ({} resources served, Kubernetes API emulator, per minute over {} s)\n\n\
-             | design | replicas | phase | API writes | status PATCHes | events | leader Lease requests | DynamoDB upserts | DynamoDB GetItem |\n|---|---|---|---|---|---|---|---|---|\n",
+             | design | replicas | phase | API writes | status PATCHes | events | leader Lease requests | DynamoDB upserts | DynamoDB GetItem | change queries |\n|---|---|---|---|---|---|---|---|---|---|\n",
             c["resources"], f(&c["window_s"])
         ));
         for replicas in [1, 3] {
-            for design in ["tether", "tether 0.1"] {
+            for design in ["tether", "tether, polled", "tether 0.1"] {
                 let x = &c[format!("{design} x{replicas}")];
                 for phase in ["steady", "failover"] {
                     let p = &x[phase];
                     md.push_str(&format!(
-                        "| {design} | {replicas} | {phase} | {} | {} | {} | {} | {} | {} |\n",
+                        "| {design} | {replicas} | {phase} | {} | {} | {} | {} | {} | {} | {} |\n",
                         f(&p["api_writes_per_min"]),
                         f(&p["status_patches_per_min"]),
                         f(&p["events_per_min"]),
                         f(&p["lease_requests_per_min"]),
                         f(&p["dynamodb_upserts_per_min"]),
                         f(&p["dynamodb_get_item_per_min"]),
+                        f(&p["dynamodb_change_queries_per_min"]),
                     ));
                 }
             }

@@ -1,0 +1,227 @@
+//! Status from what changed, not from polling every resource.
+//!
+//! Every write to a stream item is stamped (`changed_at_ms`, `change_seq`)
+//! by the lease store's one write builder, and a mirrored item carries its
+//! installation's `change_shard`, so the `by_change` index lists this
+//! installation's streams by when they last changed. Each pass (every
+//! `--status-refresh`) the leader reads:
+//!
+//! - the index's entries changed since its last pass (minus a look-back for
+//!   writers' clocks and the index's lag): one small query per shard,
+//!   whatever the number of resources; an entry whose `change_seq` it has not
+//!   seen yet drops that stream's cached item and reconciles the resource;
+//! - the fleet (one query of the worker items' index partition): a worker
+//!   whose state changed (LIVE → DRAINING, DEAD, LEFT, gone) drops its cached
+//!   worker item and reconciles the resources it owns;
+//! - every `--status-progress-interval`, every owner's worker item and
+//!   checkpoints again (one read per owner and checkpoint shard), for the
+//!   progress fields (`lastSeq`, `leaseExpiresAt`).
+//!
+//! A reconcile computes the status from the cached item and owner, reading
+//! only what was dropped. So steady-state reads are O(changes + workers), not
+//! O(resources / refresh). Safety nets: an item is re-read when the spec it
+//! must mirror differs from the cached one, and after [`RESYNC`] whatever
+//! happened (a writer that stamps nothing: version 0.1 during a rolling
+//! upgrade, or a clock further behind than the look-back).
+
+use crate::crd::StreamConnection;
+use crate::lease::{
+    DesiredStream, Incarnation, LeaseStore, Owners, Ownership, StoreError, StreamKey, StreamRecord,
+    StreamView, WorkerState, now_ms,
+};
+use crate::support::lock;
+use kube::runtime::reflector::ObjectRef;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::time::Instant;
+
+/// How far before its last pass a pass looks for changes: room for writers'
+/// clocks behind the controller's and for the index's propagation.
+pub(super) const LOOK_BACK: Duration = Duration::from_secs(30);
+/// A cached item is read again after this long, changed or not.
+pub(super) const RESYNC: Duration = Duration::from_secs(30 * 60);
+
+/// Where a resource's reconcile is asked for: the controller watching its
+/// namespace (`None`: the one watching every namespace).
+pub(super) type Trigger = (Option<String>, UnboundedSender<ObjectRef<StreamConnection>>);
+
+struct Cached {
+    record: StreamRecord,
+    read_at: Instant,
+}
+
+#[derive(Default)]
+struct Feed {
+    /// Each stream's item as last read.
+    items: HashMap<StreamKey, Cached>,
+    /// Owners' worker items and checkpoints as last read.
+    owners: Owners,
+    /// The `change_seq` of each stream the feed has seen.
+    seen: HashMap<StreamKey, u64>,
+    /// Each worker's state at the last pass.
+    fleet: HashMap<Incarnation, (WorkerState, bool)>,
+    /// Wall clock at the start of the last pass that read the index.
+    since_ms: u64,
+    progress_at: Option<Instant>,
+}
+
+/// The leader's view of the table for status (one per leadership).
+pub(super) struct StatusFeed {
+    installation: String,
+    progress_interval: Duration,
+    feed: Mutex<Feed>,
+}
+
+impl StatusFeed {
+    pub(super) fn new(installation: &str, progress_interval: Duration) -> Self {
+        Self {
+            installation: installation.to_string(),
+            progress_interval,
+            feed: Mutex::default(),
+        }
+    }
+
+    /// The stream as the status shows it: from the cache when it is fresh
+    /// and already mirrors `desired`, else read (and cached). `None` for a
+    /// missing item or a tombstone.
+    pub(super) async fn view(
+        &self,
+        store: &LeaseStore,
+        key: &StreamKey,
+        desired: &DesiredStream,
+    ) -> Result<Option<StreamView>, StoreError> {
+        let cached = {
+            let feed = lock(&self.feed);
+            // Current only if no newer write was listed since it was read,
+            // whenever this read and that listing happened.
+            let newest = feed.seen.get(key).copied().unwrap_or(0);
+            feed.items
+                .get(key)
+                .filter(|c| c.record.change_seq >= newest)
+                .filter(|c| c.read_at.elapsed() < RESYNC)
+                .filter(|c| LeaseStore::mirrors(&c.record, desired))
+                .map(|c| c.record.clone())
+        };
+        let record = match cached {
+            Some(r) => r,
+            None => {
+                let Some(r) = store.get(key).await? else {
+                    self.forget(key);
+                    return Ok(None);
+                };
+                lock(&self.feed).items.insert(
+                    key.clone(),
+                    Cached {
+                        record: r.clone(),
+                        read_at: Instant::now(),
+                    },
+                );
+                r
+            }
+        };
+        if record.is_tombstone() {
+            return Ok(None);
+        }
+        if let Some(view) = lock(&self.feed).owners.view(&record) {
+            return Ok(Some(view));
+        }
+        let mut owners = lock(&self.feed).owners.clone();
+        store.add_owner(&mut owners, &record).await?;
+        let view = owners.view(&record);
+        lock(&self.feed).owners = owners;
+        Ok(view)
+    }
+
+    /// Drops the cached item (after a write of the controller's own).
+    pub(super) fn invalidate(&self, key: &StreamKey) {
+        lock(&self.feed).items.remove(key);
+    }
+
+    /// Forgets a stream whose resource is gone.
+    pub(super) fn forget(&self, key: &StreamKey) {
+        let mut feed = lock(&self.feed);
+        feed.items.remove(key);
+        feed.seen.remove(key);
+    }
+
+    /// One pass: what changed since the last one is dropped from the cache
+    /// and its resources reconciled (through `triggers`).
+    pub(super) async fn pass(
+        &self,
+        store: &LeaseStore,
+        triggers: &[Trigger],
+    ) -> Result<usize, StoreError> {
+        let started_ms = now_ms();
+        let since_ms = {
+            let feed = lock(&self.feed);
+            // The first pass reads every entry (to learn each change_seq).
+            (feed.since_ms > 0).then(|| {
+                feed.since_ms
+                    .saturating_sub(LOOK_BACK.as_millis() as u64)
+                    .max(1)
+            })
+        };
+        let changes = store
+            .changes(&self.installation, since_ms.unwrap_or(0))
+            .await?;
+        let fleet = store.fleet().await?;
+        let mut feed = lock(&self.feed);
+        let first = since_ms.is_none();
+        let mut due: Vec<StreamKey> = Vec::new();
+        for c in changes {
+            let known = feed.seen.get(&c.key).copied();
+            if known.is_some_and(|k| k >= c.change_seq) {
+                continue;
+            }
+            feed.seen.insert(c.key.clone(), c.change_seq);
+            if !first {
+                due.push(c.key);
+            }
+        }
+        let now: HashMap<Incarnation, (WorkerState, bool)> = fleet
+            .workers
+            .iter()
+            .map(|w| (w.incarnation.clone(), (w.state, w.draining)))
+            .collect();
+        let moved: Vec<Incarnation> = feed
+            .fleet
+            .iter()
+            .filter(|(inc, state)| now.get(inc) != Some(state))
+            .map(|(inc, _)| inc.clone())
+            .chain(now.keys().filter(|i| !feed.fleet.contains_key(*i)).cloned())
+            .collect();
+        for inc in &moved {
+            feed.owners.forget(inc);
+        }
+        let progress = feed
+            .progress_at
+            .is_none_or(|at| at.elapsed() >= self.progress_interval);
+        if progress {
+            feed.owners.clear();
+            feed.progress_at = Some(Instant::now());
+        }
+        for (key, cached) in &feed.items {
+            if let Ownership::Owned(owner) = cached.record.ownership()
+                && (progress || moved.contains(&owner))
+            {
+                due.push(key.clone());
+            }
+        }
+        feed.fleet = now;
+        feed.since_ms = started_ms;
+        drop(feed);
+        due.sort();
+        due.dedup();
+        for key in &due {
+            let reference = ObjectRef::new(&key.name).within(&key.namespace);
+            for (namespace, sender) in triggers {
+                if namespace.as_deref().is_none_or(|n| n == key.namespace) {
+                    let _ = sender.send(reference.clone());
+                }
+            }
+        }
+        Ok(due.len())
+    }
+}
