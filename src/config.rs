@@ -351,7 +351,9 @@ pub struct OperatorArgs {
 /// The controller's own settings (`tether operator` only).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ControllerArgs {
-    /// How often each resource's owner and phase are read back from the table.
+    /// How often the leader reads what changed in the table (the change index
+    /// and the fleet) for status; on a table without that index, how often
+    /// each resource's item is read back.
     #[arg(long, env = "TETHER_STATUS_REFRESH", default_value = "10s", value_parser = parse_duration)]
     pub status_refresh: Duration,
 

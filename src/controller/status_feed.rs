@@ -156,7 +156,7 @@ impl StatusFeed {
         let started_ms = now_ms();
         let since_ms = {
             let feed = lock(&self.feed);
-            // The first pass reads every entry (to learn each change_seq).
+            // The first pass reads every entry.
             (feed.since_ms > 0).then(|| {
                 feed.since_ms
                     .saturating_sub(LOOK_BACK.as_millis() as u64)
@@ -168,7 +168,10 @@ impl StatusFeed {
             .await?;
         let fleet = store.fleet().await?;
         let mut feed = lock(&self.feed);
-        let first = since_ms.is_none();
+        // Every change not seen yet asks for a reconcile, on the first pass
+        // too: a reconcile that read the item before that change may still
+        // be running, and caches what it read after this pass; only a
+        // reconcile asked for now (run after it) reads the item again.
         let mut due: Vec<StreamKey> = Vec::new();
         for c in changes {
             let known = feed.seen.get(&c.key).copied();
@@ -176,9 +179,7 @@ impl StatusFeed {
                 continue;
             }
             feed.seen.insert(c.key.clone(), c.change_seq);
-            if !first {
-                due.push(c.key);
-            }
+            due.push(c.key);
         }
         let now: HashMap<Incarnation, (WorkerState, bool)> = fleet
             .workers

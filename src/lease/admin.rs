@@ -1,9 +1,11 @@
 //! Table administration: create, check, and upgrade in place.
 //!
-//! The table has one index, `by_holder` (partition key `holder`): STARTED
+//! The table has two indexes. `by_holder` (partition key `holder`): STARTED
 //! streams nobody owns sit in `UNOWNED#<shard>`, a worker's streams in
-//! `<incarnation>#<shard>`, worker items in `WORKERS`. An item moves between
-//! partitions only when its ownership changes. Tables made by version 1 also
+//! `<incarnation>#<shard>`, worker items in `WORKERS`; an item moves between
+//! partitions only when its ownership changes. `by_change` (`change_shard`,
+//! `changed_at_ms`): an installation's streams by when they last changed, the
+//! controller's change feed. Tables made by version 1 also
 //! have `by_state` (`desired_state` / `lease_expires_at_ms`); it is kept while
 //! version-1 workers may still run, and dropped by `tether table finish-upgrade`.
 
