@@ -35,9 +35,25 @@ impl Found {
 impl LeaseStore {
     /// One stream (tombstones included), strongly consistent.
     pub async fn get(&self, key: &StreamKey) -> Result<Option<StreamRecord>, StoreError> {
+        self.get_as("get_item", key).await
+    }
+
+    /// [`LeaseStore::get`] by a holder re-reading the stream it holds (told
+    /// of a change, or its turn in the audit's sweep): counted apart in the
+    /// metrics, so the owners' re-reads and everyone else's reads (the
+    /// controller's status among them) can each be seen.
+    pub async fn reread(&self, key: &StreamKey) -> Result<Option<StreamRecord>, StoreError> {
+        self.get_as("reread_item", key).await
+    }
+
+    async fn get_as(
+        &self,
+        operation: &'static str,
+        key: &StreamKey,
+    ) -> Result<Option<StreamRecord>, StoreError> {
         let pk = key.pk();
         let out = self
-            .call_plain("get_item", Some(&pk), || {
+            .call_plain(operation, Some(&pk), || {
                 self.client
                     .get_item()
                     .table_name(&self.table)

@@ -267,7 +267,7 @@ impl Holder {
         let current = loop {
             // Interrupted: the loop acts on the shutdown or handoff first.
             match self
-                .store_call(session, Box::pin(self.ctx.store.get(&key)))
+                .store_call(session, Box::pin(self.ctx.store.reread(&key)))
                 .await?
             {
                 Ok(current) => break current,

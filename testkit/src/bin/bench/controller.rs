@@ -5,8 +5,8 @@
 //! tether next to tether 0.1 in the same run. Every flag is the binary's
 //! default; the API requests are counted by the emulator, the DynamoDB
 //! requests by each replica's own metrics (the controller's operations:
-//! `upsert_desired`, `get_item`, `query_changes`; workers issue none of them
-//! at steady state). "tether, polled" is this binary on a table without the
+//! `upsert_desired`, `get_item`, `query_changes`; a holder's re-reads of
+//! the streams it holds are `reread_item`, counted apart). "tether, polled" is this binary on a table without the
 //! change index, where the controller falls back to the previous design:
 //! each resource's item read every `--status-refresh`.
 
