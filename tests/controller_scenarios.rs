@@ -25,8 +25,11 @@ fn sc(name: &str, url: &str) -> StreamConnection {
     obj
 }
 
-fn finalized(mut obj: StreamConnection) -> StreamConnection {
+/// With the finalizer on, and claimed for `table` (as the controller leaves
+/// a resource it mirrors).
+fn finalized(table: &str, mut obj: StreamConnection) -> StreamConnection {
     obj.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    obj.metadata.annotations = Some([("tether.dev/table".to_string(), table.to_string())].into());
     obj
 }
 
@@ -74,6 +77,17 @@ async fn expect(
     path_prefix: &str,
     reply: Value,
 ) -> (String, Value) {
+    expect_answering(handle, method, path_prefix, 200, reply).await
+}
+
+/// [`expect`], answering with HTTP status `status`.
+async fn expect_answering(
+    handle: &mut ApiHandle,
+    method: Method,
+    path_prefix: &str,
+    status: u16,
+    reply: Value,
+) -> (String, Value) {
     let (request, send) = handle.next_request().await.expect("an API call");
     assert_eq!(
         request.method(),
@@ -96,6 +110,7 @@ async fn expect(
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     send.send_response(
         Response::builder()
+            .status(status)
             .body(Body::from(serde_json::to_vec(&reply).unwrap()))
             .unwrap(),
     );
@@ -108,8 +123,10 @@ const OBJ_PATH: &str = "/apis/tether.dev/v1alpha1/namespaces/ns/streamconnection
 async fn a_new_resource_first_gets_the_finalizer_and_nothing_else() {
     let (ctx, mut handle, store) = setup().await;
     let obj = sc("fresh", "ws://127.0.0.1:9/x");
+    let table = store.table().to_string();
     let server = tokio::spawn(async move {
-        let reply = serde_json::to_value(finalized(sc("fresh", "ws://127.0.0.1:9/x"))).unwrap();
+        let reply =
+            serde_json::to_value(finalized(&table, sc("fresh", "ws://127.0.0.1:9/x"))).unwrap();
         let (_, body) = expect(
             &mut handle,
             Method::PATCH,
@@ -138,7 +155,7 @@ async fn a_new_resource_first_gets_the_finalizer_and_nothing_else() {
 #[tokio::test]
 async fn a_finalized_resource_is_mirrored_and_its_status_applied() {
     let (ctx, mut handle, store) = setup().await;
-    let obj = finalized(sc("feed", "ws://127.0.0.1:9/x"));
+    let obj = finalized(store.table(), sc("feed", "ws://127.0.0.1:9/x"));
     let reply = serde_json::to_value(&obj).unwrap();
     let server = tokio::spawn(async move {
         let (call, body) = expect(
@@ -196,7 +213,7 @@ async fn at_steady_state_a_reconcile_is_one_read_and_no_write_anywhere() {
         settings(""),
         Arc::default(),
     ));
-    let obj = finalized(sc("steady", "ws://127.0.0.1:9/x"));
+    let obj = finalized(store.table(), sc("steady", "ws://127.0.0.1:9/x"));
     let reply = serde_json::to_value(&obj).unwrap();
     let server = tokio::spawn(async move {
         let (_, body) = expect(
@@ -233,7 +250,7 @@ async fn at_steady_state_a_reconcile_is_one_read_and_no_write_anywhere() {
 async fn assert_refused_as_invalid(obj: StreamConnection, field: &'static str) {
     let (ctx, mut handle, store) = setup().await;
     let name = obj.metadata.name.clone().unwrap();
-    let obj = finalized(obj);
+    let obj = finalized(store.table(), obj);
     let reply = serde_json::to_value(&obj).unwrap();
     let status_path = format!("{OBJ_PATH}{name}/status");
     let server = tokio::spawn(async move {
@@ -297,7 +314,7 @@ async fn a_resource_cannot_read_the_operators_environment_through_a_header() {
 #[tokio::test]
 async fn deletion_stops_the_stream_removes_the_item_then_the_finalizer() {
     let (ctx, mut handle, store) = setup().await;
-    let obj = deleting(finalized(sc("gone", "ws://127.0.0.1:9/x")));
+    let obj = deleting(finalized(store.table(), sc("gone", "ws://127.0.0.1:9/x")));
     let key = StreamKey::new("ns", "gone");
     store
         .upsert_desired(&obj.spec.to_desired(key.clone(), 3, None))
@@ -338,7 +355,7 @@ async fn deletion_stops_the_stream_removes_the_item_then_the_finalizer() {
 #[tokio::test]
 async fn deletion_waits_while_a_worker_still_holds_the_lease() {
     let (ctx, handle, store) = setup().await;
-    let obj = deleting(finalized(sc("held", "ws://127.0.0.1:9/x")));
+    let obj = deleting(finalized(store.table(), sc("held", "ws://127.0.0.1:9/x")));
     let key = StreamKey::new("ns", "held");
     store
         .upsert_desired(&obj.spec.to_desired(key.clone(), 3, None))
@@ -368,4 +385,53 @@ async fn deletion_waits_while_a_worker_still_holds_the_lease() {
         "the mirror never touches the lease"
     );
     drop(handle);
+}
+
+#[tokio::test]
+async fn an_unclaimed_resource_is_claimed_for_this_table_before_anything_is_mirrored() {
+    let (ctx, mut handle, store) = setup().await;
+    let mut obj = sc("unclaimed", "ws://127.0.0.1:9/x");
+    obj.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    obj.metadata.resource_version = Some("7".into());
+    let table = store.table().to_string();
+    let probe = store.clone();
+    let server = tokio::spawn(async move {
+        // Another writer came first: the claim is refused on the version.
+        let conflict = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                              "reason": "Conflict", "code": 409, "message": "conflict"});
+        let (call, body) = expect_answering(
+            &mut handle,
+            Method::PATCH,
+            &format!("{OBJ_PATH}unclaimed"),
+            409,
+            conflict,
+        )
+        .await;
+        assert!(call.starts_with("application/merge-patch+json"), "{call}");
+        assert_eq!(
+            body["metadata"]["resourceVersion"], "7",
+            "conditioned on the version read"
+        );
+        assert_eq!(
+            body["metadata"]["annotations"]["tether.dev/table"],
+            table.as_str()
+        );
+        assert_eq!(
+            probe.get(&StreamKey::new("ns", "unclaimed")).await.unwrap(),
+            None,
+            "nothing mirrored before the claim"
+        );
+        handle
+    });
+    // The 409 is not an error: the reconcile comes back shortly to look again.
+    reconcile(Arc::new(obj), ctx).await.unwrap();
+    let mut handle = server.await.unwrap();
+    let next =
+        tokio::time::timeout(std::time::Duration::from_millis(200), handle.next_request()).await;
+    assert!(!matches!(next, Ok(Some(_))), "no further calls");
+    assert_eq!(
+        store.get(&StreamKey::new("ns", "unclaimed")).await.unwrap(),
+        None,
+        "not mirrored without the claim"
+    );
 }

@@ -612,3 +612,107 @@ async fn only_watched_namespaces_are_reconciled_and_collected() {
         "collected outside the watched namespaces"
     );
 }
+
+/// Two unnamed installations (each in its own namespace, so each leads
+/// through its own Lease) on different tables both select every unlabelled
+/// resource. Each resource is claimed for one table before anything is
+/// mirrored (an annotation written on the resource version), so it lands in
+/// exactly one table and its stream runs once; the other installation says
+/// why it leaves it alone, and takes it over only when the claim is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_unnamed_installations_on_different_tables_never_serve_one_resource_twice() {
+    let emulator = Emulator::start();
+    let first_table = fresh_store(None).await;
+    let second_table = fresh_store(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = Api::new(&emulator);
+    let names: Vec<String> = (0..6).map(|i| format!("u{i}")).collect();
+    // Resources first, then both operators at once: every claim is a race.
+    for name in &names {
+        api.create(name, None).await;
+    }
+    let first = Operator::start(&emulator, &first_table, "first", dir.path(), None, &[]);
+    let second = Operator::start(
+        &emulator,
+        &second_table,
+        "second",
+        dir.path(),
+        None,
+        &["--leader-namespace", "other-release"],
+    );
+    let explain = || format!("first:\n{}\nsecond:\n{}", first.log(), second.log());
+    let tables = [
+        (first_table.table().to_string(), &first_table),
+        (second_table.table().to_string(), &second_table),
+    ];
+    eventually_or(
+        Duration::from_secs(30),
+        "every resource claimed and mirrored",
+        || async {
+            for name in &names {
+                let claimed = api.get(name).await.and_then(|o| {
+                    o["metadata"]["annotations"]["tether.dev/table"]
+                        .as_str()
+                        .map(String::from)
+                });
+                let Some(claimed) = claimed else { return false };
+                let Some((_, store)) = tables.iter().find(|(t, _)| *t == claimed) else {
+                    return false;
+                };
+                if !mirrored(store, name).await {
+                    return false;
+                }
+            }
+            true
+        },
+        explain,
+    )
+    .await;
+    // Well after both reconciled everything: each resource in one table only.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut per_table = [0, 0];
+    for name in &names {
+        let in_first = mirrored(&first_table, name).await;
+        let in_second = mirrored(&second_table, name).await;
+        assert!(
+            in_first != in_second,
+            "{name}: in both tables or none\n{}",
+            explain()
+        );
+        per_table[usize::from(in_second)] += 1;
+    }
+    assert!(first.leading().await && second.leading().await);
+    let refusals = first.log().matches("leaves it alone").count()
+        + second.log().matches("leaves it alone").count();
+    assert_eq!(
+        refusals,
+        names.len(),
+        "one refusal per resource\n{}",
+        explain()
+    );
+
+    // The claim moved by hand (a migration between tables): the table that
+    // loses it stops and deletes its item, so the stream still runs from one
+    // table only.
+    let mut moved = None;
+    for name in &names {
+        if mirrored(&second_table, name).await {
+            moved = Some(name.clone());
+            break;
+        }
+    }
+    let moved = moved.expect("the second table holds some resource");
+    api.patch(
+        &moved,
+        json!({"metadata": {"annotations": {"tether.dev/table": first_table.table()}}}),
+    )
+    .await;
+    eventually_or(
+        Duration::from_secs(30),
+        "the moved resource is in the first table only",
+        || async { mirrored(&first_table, &moved).await && !mirrored(&second_table, &moved).await },
+        explain,
+    )
+    .await;
+    eprintln!("resources per table: {per_table:?}");
+}

@@ -1,6 +1,6 @@
 //! `tether table create` and `tether table finish-upgrade`.
 
-use crate::lease::{HOLDER_INDEX, LEGACY_INDEX, LeaseStore, TableChange};
+use crate::lease::{CHANGE_INDEX, HOLDER_INDEX, LEGACY_INDEX, LeaseStore, TableChange};
 
 pub(super) async fn create(store: &LeaseStore) -> anyhow::Result<()> {
     let change = store.create_table().await?;
@@ -11,7 +11,7 @@ pub(super) async fn create(store: &LeaseStore) -> anyhow::Result<()> {
         TableChange::Unchanged => "already exists",
     };
     println!(
-        "table {} {what} at {} (index {HOLDER_INDEX}: holder; ACTIVE)",
+        "table {} {what} at {} (indexes {HOLDER_INDEX}: holder, {CHANGE_INDEX}: change_shard/changed_at_ms; ACTIVE)",
         store.table(),
         store.endpoint()
     );

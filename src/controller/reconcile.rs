@@ -32,6 +32,8 @@ pub const FIELD_MANAGER: &str = "tether-controller";
 pub const RELEASE_WAIT: Duration = Duration::from_secs(30);
 /// Retry delay while waiting for a release.
 const RELEASE_POLL: Duration = Duration::from_secs(1);
+/// Retry delay after a claim lost to a concurrent write.
+const CLAIM_RETRY: Duration = Duration::from_millis(200);
 /// First and largest retry delay after an error.
 const ERROR_BACKOFF_FIRST: Duration = Duration::from_secs(2);
 const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(300);
@@ -74,6 +76,8 @@ pub struct Context {
     last_write: Mutex<HashMap<String, Instant>>,
     /// Consecutive failures per object, for exponential backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// Resources another table holds, already reported.
+    refused: Mutex<std::collections::HashSet<String>>,
     /// While leading on a table with the change index: status from what
     /// changed (`None`: each resource's item is read every refresh).
     feed: Mutex<Option<Arc<StatusFeed>>>,
@@ -98,6 +102,7 @@ impl Context {
             metrics,
             last_write: Mutex::default(),
             failures: Mutex::default(),
+            refused: Mutex::default(),
             feed: Mutex::default(),
         }
     }
@@ -153,6 +158,17 @@ async fn reconcile_unmeasured(
     if !ctx.settings.claims(obj.labels()) {
         return Ok(Action::await_change());
     }
+    // Mirrored into another table by another installation: not ours to
+    // mirror or report on, and its finalizer is that one's to remove. An
+    // item this installation mirrored before the claim moved is stopped and
+    // deleted here, so the stream never runs from both tables.
+    if let Some(table) = obj.annotations().get(settings::TABLE_ANNOTATION)
+        && table != ctx.store.table()
+    {
+        refuse_claimed(&ctx, &obj, table).await;
+        let key = StreamKey::new(obj.namespace().unwrap_or_default(), obj.name_any());
+        return cleanup_item(&key, &obj, &ctx).await;
+    }
     let namespace = obj.namespace().ok_or(Error::NoNamespace)?;
     let api: Api<StreamConnection> = Api::namespaced(ctx.client.clone(), &namespace);
     let result = finalizer(&api, FINALIZER, obj, |event| async {
@@ -188,8 +204,62 @@ fn resource_of(obj: &StreamConnection, installation: &str) -> Option<ResourceIde
     })
 }
 
-/// Validate → mirror → status.
+/// Says once per resource (per process) that another installation's table
+/// holds it.
+async fn refuse_claimed(ctx: &Context, obj: &StreamConnection, table: &str) {
+    if !lock(&ctx.refused).insert(object_key(obj)) {
+        return;
+    }
+    let message = format!(
+        "mirrored into lease table '{table}' by another installation; this one (table '{}') leaves it alone. \
+         To move it, remove the {} annotation",
+        ctx.store.table(),
+        settings::TABLE_ANNOTATION
+    );
+    tracing::warn!(object = %object_key(obj), %table, "{message}");
+    publish(
+        ctx,
+        obj,
+        EventType::Warning,
+        "ClaimedElsewhere",
+        &message,
+        "Mirror",
+    )
+    .await;
+}
+
+/// Claims the resource for this table before anything is mirrored: a merge
+/// patch conditioned on the resource version, so of two controllers racing
+/// for an unclaimed resource exactly one succeeds. `false` when another
+/// write came first (reconcile again and look).
+async fn claim(obj: &StreamConnection, ctx: &Context) -> Result<bool, Error> {
+    let api: Api<StreamConnection> =
+        Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": obj.metadata.resource_version,
+            "annotations": {settings::TABLE_ANNOTATION: ctx.store.table()},
+        }
+    });
+    match api
+        .patch(
+            &obj.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Claim → validate → mirror → status.
 async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
+    if !obj.annotations().contains_key(settings::TABLE_ANNOTATION) && !claim(obj, ctx).await? {
+        return Ok(Action::requeue(CLAIM_RETRY));
+    }
     let key = StreamKey::new(obj.namespace().unwrap_or_default(), obj.name_any());
     lock(&ctx.failures).remove(&key.to_string());
     if let Err(errors) = obj.spec.validate_in_cluster() {

@@ -182,6 +182,7 @@ fn worth_reconciling(obj: &StreamConnection) -> Option<u64> {
     let annotations = obj.annotations();
     for name in [
         super::settings::SKIP_CLEANUP_ANNOTATION,
+        super::settings::TABLE_ANNOTATION,
         crate::mirror::RECONNECT_ANNOTATION,
         crate::mirror::MOVE_ANNOTATION,
     ] {

@@ -8,6 +8,12 @@ pub(super) const INSTALLATION_LABEL: &str = "tether.dev/installation";
 /// for the table (for example while it is unreachable); the item left behind
 /// is collected later by the garbage collector.
 pub(super) const SKIP_CLEANUP_ANNOTATION: &str = "tether.dev/skip-cleanup";
+/// Annotation naming the lease table a resource is mirrored into, written by
+/// the first controller to mirror it (optimistically, on the resource
+/// version). A controller on another table leaves the resource alone, so
+/// two installations that select the same resources (two unnamed ones, or
+/// two of one name, on different tables) never both run its stream.
+pub(super) const TABLE_ANNOTATION: &str = "tether.dev/table";
 
 #[derive(Clone, Debug)]
 pub struct ControllerSettings {
