@@ -716,3 +716,111 @@ async fn two_unnamed_installations_on_different_tables_never_serve_one_resource_
     .await;
     eprintln!("resources per table: {per_table:?}");
 }
+
+/// Event writes (creates and patches of events.k8s.io Events) so far.
+async fn event_writes(emulator: &Emulator) -> f64 {
+    let counts: std::collections::BTreeMap<String, f64> =
+        reqwest::get(format!("{}/_requests", emulator.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    counts
+        .iter()
+        .filter(|(k, _)| k.ends_with(" events") && !k.starts_with("GET") && !k.starts_with("WATCH"))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// A rolling restart moves every stream (some twice) and writes a bounded
+/// number of events: an owner move is routine, shown in status and metrics,
+/// not one event per stream per move (that was `Acquired` for every move:
+/// at least one event per stream here, ten thousand on a large fleet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_moves_every_stream_and_writes_a_bounded_number_of_events() {
+    let emulator = Emulator::start();
+    let store = fresh_store(None).await;
+    let upstream = tether_testkit::upstream::start(loopback(), 5)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let base = format!(
+        "{}/apis/tether.dev/v1alpha1/namespaces/{NAMESPACE}/streamconnections",
+        emulator.url
+    );
+    let names: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
+    for name in &names {
+        let r = http
+            .post(&base)
+            .json(&json!({
+                "apiVersion": "tether.dev/v1alpha1",
+                "kind": "StreamConnection",
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "spec": {"url": upstream.url(name), "sink": {"log": {}}},
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+    }
+    let owners = || async {
+        let mut owners = Vec::new();
+        for name in &names {
+            let obj: Value = http
+                .get(format!("{base}/{name}"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if obj["status"]["phase"] != "Connected" {
+                return None;
+            }
+            owners.push(obj["status"]["owner"].as_str()?.to_string());
+        }
+        Some(owners)
+    };
+    let mut a = Operator::start(&emulator, &store, "roll-a", dir.path(), None, &[]);
+    let mut b = Operator::start(&emulator, &store, "roll-b", dir.path(), None, &[]);
+    let served_by = |allowed: [&'static str; 2]| {
+        let owners = &owners;
+        async move {
+            owners()
+                .await
+                .is_some_and(|o| o.iter().all(|w| allowed.contains(&w.as_str())))
+        }
+    };
+    let explain = || String::from("see the operators' logs in the test's directory");
+    eventually_or(
+        Duration::from_secs(40),
+        "every stream Connected",
+        || served_by(["roll-a", "roll-b"]),
+        explain,
+    )
+    .await;
+    let before = event_writes(&emulator).await;
+    // Replace each pod in turn, as a Deployment's rolling update does.
+    for (old, new_id) in [(&mut a, "roll-c"), (&mut b, "roll-d")] {
+        old.signal(Signal::SIGTERM);
+        let _ = tokio::time::timeout(Duration::from_secs(20), old.child.wait()).await;
+        *old = Operator::start(&emulator, &store, new_id, dir.path(), None, &[]);
+    }
+    eventually_or(
+        Duration::from_secs(60),
+        "every stream Connected on the new pods",
+        || served_by(["roll-c", "roll-d"]),
+        explain,
+    )
+    .await;
+    // Let any late status write and event land.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let written = event_writes(&emulator).await - before;
+    assert!(
+        written <= 2.0,
+        "{written} event writes for a rolling restart of {} streams",
+        names.len()
+    );
+}

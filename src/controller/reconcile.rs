@@ -32,6 +32,8 @@ pub const FIELD_MANAGER: &str = "tether-controller";
 pub const RELEASE_WAIT: Duration = Duration::from_secs(30);
 /// Retry delay while waiting for a release.
 const RELEASE_POLL: Duration = Duration::from_secs(1);
+/// At most one Warning per resource this often for a retrying stream.
+const WARNING_INTERVAL: Duration = Duration::from_secs(300);
 /// Retry delay after a claim lost to a concurrent write.
 const CLAIM_RETRY: Duration = Duration::from_millis(200);
 /// First and largest retry delay after an error.
@@ -76,6 +78,8 @@ pub struct Context {
     last_write: Mutex<HashMap<String, Instant>>,
     /// Consecutive failures per object, for exponential backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// Retry Warnings, per resource.
+    warnings: Mutex<RateLimit>,
     /// Resources another table holds, already reported.
     refused: Mutex<std::collections::HashSet<String>>,
     /// While leading on a table with the change index: status from what
@@ -103,6 +107,7 @@ impl Context {
             last_write: Mutex::default(),
             failures: Mutex::default(),
             refused: Mutex::default(),
+            warnings: Mutex::new(RateLimit::new(WARNING_INTERVAL)),
             feed: Mutex::default(),
         }
     }
@@ -471,6 +476,7 @@ async fn cleanup_item(
         tracing::warn!(stream = %key, "owner did not release in time; deleted anyway (the owner is told and stops)");
     }
     lock(&ctx.last_write).remove(&key.to_string());
+    lock(&ctx.warnings).forget(&key.to_string());
     if let Some(f) = ctx.status_feed() {
         f.forget(&key);
     }
@@ -562,10 +568,50 @@ async fn announce(
         publish(ctx, obj, EventType::Warning, "Failed", &message, "Connect").await;
     } else if ACTIONABLE_REASONS.contains(&reason.as_str())
         && old.and_then(ready).map(|(r, _)| r) != Some(reason.clone())
+        && warning_due(ctx, obj)
     {
         // Still retrying, but only the user can fix it: said once, when it
-        // starts, not when the stream is finally refused.
+        // starts, not when the stream is finally refused; a stream whose
+        // reason flaps between two of these says so at most once per
+        // WARNING_INTERVAL.
         publish(ctx, obj, EventType::Warning, &reason, &message, "Connect").await;
+    }
+}
+
+/// Whether a retrying stream's Warning may be published now (and notes it).
+fn warning_due(ctx: &Context, obj: &StreamConnection) -> bool {
+    lock(&ctx.warnings).admit(&object_key(obj), Instant::now())
+}
+
+/// At most one event per key per interval.
+pub(super) struct RateLimit {
+    interval: Duration,
+    last: HashMap<String, Instant>,
+}
+
+impl RateLimit {
+    pub(super) fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            last: HashMap::new(),
+        }
+    }
+
+    /// Whether `key` may have an event at `now` (if so, it is noted).
+    pub(super) fn admit(&mut self, key: &str, now: Instant) -> bool {
+        if self
+            .last
+            .get(key)
+            .is_some_and(|at| now.duration_since(*at) < self.interval)
+        {
+            return false;
+        }
+        self.last.insert(key.to_string(), now);
+        true
+    }
+
+    pub(super) fn forget(&mut self, key: &str) {
+        self.last.remove(key);
     }
 }
 
@@ -635,4 +681,30 @@ pub async fn check_crd(client: &Client, namespaces: &[String]) -> anyhow::Result
         )
     })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_warning_is_admitted_once_per_interval_per_resource() {
+        let mut limit = RateLimit::new(Duration::from_secs(300));
+        let start = Instant::now();
+        assert!(limit.admit("ns/a", start));
+        assert!(
+            !limit.admit("ns/a", start + Duration::from_secs(10)),
+            "a flap"
+        );
+        assert!(
+            limit.admit("ns/b", start + Duration::from_secs(10)),
+            "per resource"
+        );
+        assert!(limit.admit("ns/a", start + Duration::from_secs(300)));
+        limit.forget("ns/b");
+        assert!(
+            limit.admit("ns/b", start + Duration::from_secs(11)),
+            "a deleted resource starts over"
+        );
+    }
 }

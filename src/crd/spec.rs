@@ -195,28 +195,39 @@ fn default_max_frame() -> u32 {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StreamConnectionStatus {
-    /// Pending, Connecting, Connected, Backoff, Stopped or Failed.
+    /// Pending, Connecting, Connected, Backoff, Stopped or Failed. Written
+    /// when it changes, within `--status-refresh` (10 s) of the owner's write.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
-    /// Worker currently holding the lease.
+    /// Worker currently holding the lease. Written when it changes, within
+    /// `--status-refresh` of the move (a worker's death: within the lease,
+    /// once a peer declares it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
-    /// When the current lease lapses unless renewed (RFC 3339).
+    /// Until when the owner has proven itself alive (its last renewal plus the
+    /// lease, RFC 3339; renewed every heartbeat). Progress: refreshed at most
+    /// every `--status-progress-interval` (5 min), so it may be that old.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_expires_at: Option<String>,
-    /// Last sequence number the sink acknowledged.
+    /// Last sequence number the sink acknowledged, as checkpointed. Progress:
+    /// refreshed at most every `--status-progress-interval` (5 min) while
+    /// the stream runs, and exact after a release or a handoff.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_seq: Option<u64>,
     /// When the current session connected (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connected_since: Option<String>,
-    /// Reconnects of the current owner's session.
+    /// Reconnects of the current owner's session (written with the phase).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reconnects: Option<u64>,
-    /// Generation of the spec the table mirrors.
+    /// The generation this status describes: the one the owner's session
+    /// runs, or the one refused; behind `metadata.generation` while a new
+    /// spec waits for its session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready` (session connected) and `Owned` (a worker holds the lease).
+    /// `Ready` (session connected, for the observed generation), `Owned` (a
+    /// worker holds the lease), and while true `Reconciling` (on the way to
+    /// Ready) or `Stalled` (failed until the spec changes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
