@@ -733,6 +733,71 @@ async fn event_writes(emulator: &Emulator) -> f64 {
         .sum()
 }
 
+/// Resources in `NAMESPACE` whose streams `upstream` serves, and a reader of
+/// their owners once every one is Connected.
+struct Served {
+    http: reqwest::Client,
+    base: String,
+    names: Vec<String>,
+}
+
+impl Served {
+    async fn create(
+        emulator: &Emulator,
+        upstream: &tether_testkit::upstream::TestUpstream,
+        names: Vec<String>,
+    ) -> Self {
+        let http = reqwest::Client::new();
+        let base = format!(
+            "{}/apis/tether.dev/v1alpha1/namespaces/{NAMESPACE}/streamconnections",
+            emulator.url
+        );
+        for name in &names {
+            let r = http
+                .post(&base)
+                .json(&json!({
+                    "apiVersion": "tether.dev/v1alpha1",
+                    "kind": "StreamConnection",
+                    "metadata": {"name": name, "namespace": NAMESPACE},
+                    "spec": {"url": upstream.url(name), "sink": {"log": {}}},
+                }))
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success());
+        }
+        Self { http, base, names }
+    }
+
+    /// Each resource's status owner, once all are Connected.
+    async fn owners(&self) -> Option<Vec<String>> {
+        let mut owners = Vec::new();
+        for name in &self.names {
+            let obj: Value = self
+                .http
+                .get(format!("{}/{name}", self.base))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            if obj["status"]["phase"] != "Connected" {
+                return None;
+            }
+            owners.push(obj["status"]["owner"].as_str()?.to_string());
+        }
+        Some(owners)
+    }
+
+    /// Every resource Connected, owned by one of `allowed`.
+    async fn served_by(&self, allowed: &[&str]) -> bool {
+        self.owners()
+            .await
+            .is_some_and(|o| o.iter().all(|w| allowed.contains(&w.as_str())))
+    }
+}
+
 /// A rolling restart moves every stream (some twice) and writes a bounded
 /// number of events: an owner move is routine, shown in status and metrics,
 /// not one event per stream per move (that was `Acquired` for every move:
@@ -745,59 +810,15 @@ async fn a_rolling_restart_moves_every_stream_and_writes_a_bounded_number_of_eve
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let http = reqwest::Client::new();
-    let base = format!(
-        "{}/apis/tether.dev/v1alpha1/namespaces/{NAMESPACE}/streamconnections",
-        emulator.url
-    );
-    let names: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
-    for name in &names {
-        let r = http
-            .post(&base)
-            .json(&json!({
-                "apiVersion": "tether.dev/v1alpha1",
-                "kind": "StreamConnection",
-                "metadata": {"name": name, "namespace": NAMESPACE},
-                "spec": {"url": upstream.url(name), "sink": {"log": {}}},
-            }))
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success());
-    }
-    let owners = || async {
-        let mut owners = Vec::new();
-        for name in &names {
-            let obj: Value = http
-                .get(format!("{base}/{name}"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            if obj["status"]["phase"] != "Connected" {
-                return None;
-            }
-            owners.push(obj["status"]["owner"].as_str()?.to_string());
-        }
-        Some(owners)
-    };
+    let names = (0..10).map(|i| format!("r{i}")).collect();
+    let served = Served::create(&emulator, &upstream, names).await;
     let mut a = Operator::start(&emulator, &store, "roll-a", dir.path(), None, &[]);
     let mut b = Operator::start(&emulator, &store, "roll-b", dir.path(), None, &[]);
-    let served_by = |allowed: [&'static str; 2]| {
-        let owners = &owners;
-        async move {
-            owners()
-                .await
-                .is_some_and(|o| o.iter().all(|w| allowed.contains(&w.as_str())))
-        }
-    };
     let explain = || String::from("see the operators' logs in the test's directory");
     eventually_or(
         Duration::from_secs(40),
         "every stream Connected",
-        || served_by(["roll-a", "roll-b"]),
+        || served.served_by(&["roll-a", "roll-b"]),
         explain,
     )
     .await;
@@ -811,7 +832,7 @@ async fn a_rolling_restart_moves_every_stream_and_writes_a_bounded_number_of_eve
     eventually_or(
         Duration::from_secs(60),
         "every stream Connected on the new pods",
-        || served_by(["roll-c", "roll-d"]),
+        || served.served_by(&["roll-c", "roll-d"]),
         explain,
     )
     .await;
@@ -821,6 +842,52 @@ async fn a_rolling_restart_moves_every_stream_and_writes_a_bounded_number_of_eve
     assert!(
         written <= 2.0,
         "{written} event writes for a rolling restart of {} streams",
-        names.len()
+        served.names.len()
     );
+}
+
+/// The status follows an owner that dies while the controller lives on (the
+/// feed reads the fleet and the acquisitions that follow; nothing polls each
+/// resource): every stream of the killed worker shows its new owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_a_worker_dies_the_status_of_its_streams_follows_them_to_the_survivor() {
+    let emulator = Emulator::start();
+    let store = fresh_store(None).await;
+    let upstream = tether_testkit::upstream::start(loopback(), 5)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let names = (0..8).map(|i| format!("d{i}")).collect();
+    let served = Served::create(&emulator, &upstream, names).await;
+    let a = Operator::start(&emulator, &store, "live-a", dir.path(), None, &[]);
+    let b = Operator::start(&emulator, &store, "live-b", dir.path(), None, &[]);
+    let explain = || format!("a:\n{}\nb:\n{}", a.log(), b.log());
+    // Both hold streams (fair share), and one of them leads.
+    eventually_or(
+        Duration::from_secs(40),
+        "both workers hold streams",
+        || async {
+            served
+                .owners()
+                .await
+                .is_some_and(|o| o.iter().any(|w| w == "live-a") && o.iter().any(|w| w == "live-b"))
+        },
+        explain,
+    )
+    .await;
+    let (survivor, victim) = if a.leading().await { (a, b) } else { (b, a) };
+    let survivor_id = if survivor.log == dir.path().join("live-a.log") {
+        "live-a"
+    } else {
+        "live-b"
+    };
+    victim.signal(Signal::SIGKILL);
+    let only_survivor = [survivor_id];
+    eventually_or(
+        Duration::from_secs(40),
+        "every status shows the survivor",
+        || served.served_by(&only_survivor),
+        || survivor.log(),
+    )
+    .await;
 }
