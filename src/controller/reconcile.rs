@@ -80,6 +80,8 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
     /// Retry Warnings, per resource.
     warnings: Mutex<RateLimit>,
+    /// Owner moves since the last summary (see `run::summarize_moves`).
+    pub(super) moves: Mutex<MoveTally>,
     /// Resources another table holds, already reported.
     refused: Mutex<std::collections::HashSet<String>>,
     /// While leading on a table with the change index: status from what
@@ -108,6 +110,7 @@ impl Context {
             failures: Mutex::default(),
             refused: Mutex::default(),
             warnings: Mutex::new(RateLimit::new(WARNING_INTERVAL)),
+            moves: Mutex::default(),
             feed: Mutex::default(),
         }
     }
@@ -544,6 +547,12 @@ async fn announce(
     // stream) are routine, shown in status and metrics, not as one event per
     // stream per move.
     let never_owned = old.is_none_or(|s| s.owner.is_none() && s.last_seq.is_none());
+    if !never_owned
+        && let Some(owner) = &new.owner
+        && old.and_then(|s| s.owner.as_ref()) != Some(owner)
+    {
+        lock(&ctx.moves).count(owner);
+    }
     if never_owned && let Some(owner) = &new.owner {
         publish(
             ctx,
@@ -575,6 +584,41 @@ async fn announce(
         // reason flaps between two of these says so at most once per
         // WARNING_INTERVAL.
         publish(ctx, obj, EventType::Warning, &reason, &message, "Connect").await;
+    }
+}
+
+/// Streams that changed owner, counted per new owner: summarised in one
+/// event a while, instead of one event per stream per move.
+#[derive(Default)]
+pub(super) struct MoveTally {
+    by_owner: HashMap<String, u64>,
+}
+
+impl MoveTally {
+    fn count(&mut self, owner: &str) {
+        *self.by_owner.entry(owner.to_string()).or_default() += 1;
+    }
+
+    /// The summary of what was counted (then forgotten), if anything was:
+    /// `"12 streams changed owner: 7 to a, 5 to b"` (the three busiest).
+    pub(super) fn take_summary(&mut self) -> Option<String> {
+        let mut owners: Vec<(String, u64)> = self.by_owner.drain().collect();
+        if owners.is_empty() {
+            return None;
+        }
+        owners.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let total: u64 = owners.iter().map(|(_, n)| n).sum();
+        let busiest: Vec<String> = owners
+            .iter()
+            .take(3)
+            .map(|(o, n)| format!("{n} to {o}"))
+            .collect();
+        let rest = if owners.len() > 3 { ", …" } else { "" };
+        let noun = if total == 1 { "stream" } else { "streams" };
+        Some(format!(
+            "{total} {noun} changed owner: {}{rest}",
+            busiest.join(", ")
+        ))
     }
 }
 
@@ -635,6 +679,18 @@ async fn publish(
     note: &str,
     action: &str,
 ) {
+    publish_on(ctx, &obj.object_ref(&()), type_, reason, note, action).await;
+}
+
+/// Publishes an event about any object (best effort: logged at debug).
+pub(super) async fn publish_on(
+    ctx: &Context,
+    regarding: &k8s_openapi::api::core::v1::ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+    action: &str,
+) {
     let event = Event {
         type_,
         reason: reason.into(),
@@ -642,7 +698,7 @@ async fn publish(
         action: action.into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &obj.object_ref(&())).await {
+    if let Err(e) = ctx.recorder.publish(&event, regarding).await {
         tracing::debug!(error = %e, "could not publish an event");
     }
 }
@@ -686,6 +742,25 @@ pub async fn check_crd(client: &Client, namespaces: &[String]) -> anyhow::Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owner_moves_are_summarised_with_a_count_and_the_busiest_owners() {
+        let mut tally = MoveTally::default();
+        assert_eq!(tally.take_summary(), None);
+        for owner in ["b", "a", "b", "c", "d", "b", "a"] {
+            tally.count(owner);
+        }
+        assert_eq!(
+            tally.take_summary().as_deref(),
+            Some("7 streams changed owner: 3 to b, 2 to a, 1 to c, …")
+        );
+        assert_eq!(tally.take_summary(), None, "counted once");
+        tally.count("a");
+        assert_eq!(
+            tally.take_summary().as_deref(),
+            Some("1 stream changed owner: 1 to a")
+        );
+    }
 
     #[test]
     fn a_retry_warning_is_admitted_once_per_interval_per_resource() {

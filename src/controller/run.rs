@@ -5,16 +5,18 @@
 
 use super::gc;
 use super::leader::{Election, Elector, LeadershipEnd};
-use super::reconcile::{Context, error_policy, reconcile};
+use super::reconcile::{Context, error_policy, publish_on, reconcile};
 use super::status_feed::{StatusFeed, Trigger};
 use crate::crd::StreamConnection;
 use futures::StreamExt;
 use kube::runtime::controller::Controller;
+use kube::runtime::events::EventType;
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Runs until `shutdown` fires. Returns early only if the controller stopped
@@ -143,9 +145,51 @@ async fn lead(ctx: Arc<Context>, leading: CancellationToken) {
     tokio::join!(
         reconciling,
         following,
+        summarize_moves(&ctx, &leading),
         gc::run(ctx.clone(), readers, feed.is_some(), leading.clone())
     );
     ctx.set_status_feed(None);
+}
+
+/// How often the leader sums up owner moves in one event.
+const MOVES_SUMMARY_INTERVAL: Duration = Duration::from_secs(30);
+
+/// One Normal `OwnersMoved` event on the leader's Lease per interval in
+/// which streams changed owner (a count and the busiest new owners), instead
+/// of an event per stream per move: a rolling restart of 10,000 streams is a
+/// handful of events, and `kubectl get events -n <release namespace>` shows
+/// it happened.
+async fn summarize_moves(ctx: &Context, leading: &CancellationToken) {
+    let lease = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("coordination.k8s.io/v1".into()),
+        kind: Some("Lease".into()),
+        name: Some(ctx.settings.leader_lease_name()),
+        namespace: Some(ctx.settings.leader_namespace.clone()),
+        ..Default::default()
+    };
+    loop {
+        // What was counted is said when leadership ends too (a rolling
+        // restart usually replaces the leader as well).
+        let ending = tokio::select! {
+            _ = leading.cancelled() => true,
+            _ = tokio::time::sleep(MOVES_SUMMARY_INTERVAL) => false,
+        };
+        let summary = crate::support::lock(&ctx.moves).take_summary();
+        if let Some(note) = summary {
+            publish_on(
+                ctx,
+                &lease,
+                EventType::Normal,
+                "OwnersMoved",
+                &note,
+                "Acquire",
+            )
+            .await;
+        }
+        if ending {
+            return;
+        }
+    }
 }
 
 /// Reads the change feed every `--status-refresh` until leadership ends.
