@@ -123,7 +123,7 @@ const OBJ_PATH: &str = "/apis/tether.dev/v1alpha1/namespaces/ns/streamconnection
 async fn a_new_resource_first_gets_the_finalizer_and_nothing_else() {
     let (ctx, mut handle, store) = setup().await;
     let obj = sc("fresh", "ws://127.0.0.1:9/x");
-    let table = store.table().to_string();
+    let table = store.identity();
     let server = tokio::spawn(async move {
         let reply =
             serde_json::to_value(finalized(&table, sc("fresh", "ws://127.0.0.1:9/x"))).unwrap();
@@ -155,7 +155,7 @@ async fn a_new_resource_first_gets_the_finalizer_and_nothing_else() {
 #[tokio::test]
 async fn a_finalized_resource_is_mirrored_and_its_status_applied() {
     let (ctx, mut handle, store) = setup().await;
-    let obj = finalized(store.table(), sc("feed", "ws://127.0.0.1:9/x"));
+    let obj = finalized(&store.identity(), sc("feed", "ws://127.0.0.1:9/x"));
     let reply = serde_json::to_value(&obj).unwrap();
     let server = tokio::spawn(async move {
         let (call, body) = expect(
@@ -213,7 +213,7 @@ async fn at_steady_state_a_reconcile_is_one_read_and_no_write_anywhere() {
         settings(""),
         Arc::default(),
     ));
-    let obj = finalized(store.table(), sc("steady", "ws://127.0.0.1:9/x"));
+    let obj = finalized(&store.identity(), sc("steady", "ws://127.0.0.1:9/x"));
     let reply = serde_json::to_value(&obj).unwrap();
     let server = tokio::spawn(async move {
         let (_, body) = expect(
@@ -250,7 +250,7 @@ async fn at_steady_state_a_reconcile_is_one_read_and_no_write_anywhere() {
 async fn assert_refused_as_invalid(obj: StreamConnection, field: &'static str) {
     let (ctx, mut handle, store) = setup().await;
     let name = obj.metadata.name.clone().unwrap();
-    let obj = finalized(store.table(), obj);
+    let obj = finalized(&store.identity(), obj);
     let reply = serde_json::to_value(&obj).unwrap();
     let status_path = format!("{OBJ_PATH}{name}/status");
     let server = tokio::spawn(async move {
@@ -314,7 +314,10 @@ async fn a_resource_cannot_read_the_operators_environment_through_a_header() {
 #[tokio::test]
 async fn deletion_stops_the_stream_removes_the_item_then_the_finalizer() {
     let (ctx, mut handle, store) = setup().await;
-    let obj = deleting(finalized(store.table(), sc("gone", "ws://127.0.0.1:9/x")));
+    let obj = deleting(finalized(
+        &store.identity(),
+        sc("gone", "ws://127.0.0.1:9/x"),
+    ));
     let key = StreamKey::new("ns", "gone");
     store
         .upsert_desired(&obj.spec.to_desired(key.clone(), 3, None))
@@ -355,7 +358,10 @@ async fn deletion_stops_the_stream_removes_the_item_then_the_finalizer() {
 #[tokio::test]
 async fn deletion_waits_while_a_worker_still_holds_the_lease() {
     let (ctx, handle, store) = setup().await;
-    let obj = deleting(finalized(store.table(), sc("held", "ws://127.0.0.1:9/x")));
+    let obj = deleting(finalized(
+        &store.identity(),
+        sc("held", "ws://127.0.0.1:9/x"),
+    ));
     let key = StreamKey::new("ns", "held");
     store
         .upsert_desired(&obj.spec.to_desired(key.clone(), 3, None))
@@ -393,7 +399,7 @@ async fn an_unclaimed_resource_is_claimed_for_this_table_before_anything_is_mirr
     let mut obj = sc("unclaimed", "ws://127.0.0.1:9/x");
     obj.metadata.finalizers = Some(vec![FINALIZER.into()]);
     obj.metadata.resource_version = Some("7".into());
-    let table = store.table().to_string();
+    let table = store.identity();
     let probe = store.clone();
     let server = tokio::spawn(async move {
         // Another writer came first: the claim is refused on the version.

@@ -642,8 +642,8 @@ async fn two_unnamed_installations_on_different_tables_never_serve_one_resource_
     );
     let explain = || format!("first:\n{}\nsecond:\n{}", first.log(), second.log());
     let tables = [
-        (first_table.table().to_string(), &first_table),
-        (second_table.table().to_string(), &second_table),
+        (first_table.identity(), &first_table),
+        (second_table.identity(), &second_table),
     ];
     eventually_or(
         Duration::from_secs(30),
@@ -704,7 +704,7 @@ async fn two_unnamed_installations_on_different_tables_never_serve_one_resource_
     let moved = moved.expect("the second table holds some resource");
     api.patch(
         &moved,
-        json!({"metadata": {"annotations": {"tether.dev/table": first_table.table()}}}),
+        json!({"metadata": {"annotations": {"tether.dev/table": first_table.identity()}}}),
     )
     .await;
     eventually_or(

@@ -59,7 +59,7 @@ resource "aws_dynamodb_table" "leases" {
     hash_key           = "change_shard"
     range_key          = "changed_at_ms"
     projection_type    = "INCLUDE"
-    non_key_attributes = ["uid", "change_seq"]
+    non_key_attributes = ["uid", "change_seq", "deleted_at_ms"]
   }
 
   ttl {

@@ -6,10 +6,12 @@
 //! item is stopped and deleted (a tombstone keeps its fencing token; a live
 //! owner is told and releases).
 //!
-//! Listing: the first pass of a leadership scans the table (it also finds
-//! items written before the change index existed); later passes, on a table
-//! with the change index, query this installation's partitions of it, which
-//! hold only its live items (a tombstone leaves the index).
+//! Listing: a leadership starts by scanning the table, and keeps scanning
+//! while a scan finds items of this installation that the change index does
+//! not list (mirrored before the index existed, by resources long gone, so
+//! nothing mirrors them again); after that, on a table with the change
+//! index, passes query this installation's partitions of it (tombstones are
+//! told apart by the projected `deleted_at_ms`).
 
 use super::reconcile::{Context, Error};
 use crate::crd::StreamConnection;
@@ -43,10 +45,12 @@ pub(super) async fn run(
         (ctx.settings.gc_grace / PASSES_PER_GRACE).clamp(MIN_PASS_INTERVAL, MAX_PASS_INTERVAL);
     // Per key: when this leader first found its resource missing.
     let mut missing: HashMap<String, Instant> = HashMap::new();
-    let mut scanned = false;
+    // Scan until a scan finds none of this installation's items outside the
+    // index (mirrored before it existed, by a resource long gone).
+    let mut scan = true;
     loop {
-        match pass(&ctx, &readers, &mut missing, by_query && scanned).await {
-            Ok(()) => scanned = true,
+        match pass(&ctx, &readers, &mut missing, by_query && !scan).await {
+            Ok(unindexed) => scan = unindexed > 0 || !by_query,
             Err(e) => tracing::warn!(error = %e, "garbage collection pass failed"),
         }
         tokio::select! {
@@ -61,7 +65,7 @@ async fn pass(
     readers: &[Store<StreamConnection>],
     missing: &mut HashMap<String, Instant>,
     by_query: bool,
-) -> Result<(), Error> {
+) -> Result<usize, Error> {
     let present: HashSet<(String, String, String)> = known(readers)
         .iter()
         .filter_map(|o| {
@@ -72,23 +76,33 @@ async fn pass(
             ))
         })
         .collect();
-    // (key, the resource UID that wrote it) of this installation's items.
-    let listed: Vec<(StreamKey, Option<String>)> = if by_query {
-        ctx.store
+    // (key, the resource UID that wrote it) of this installation's live
+    // items, and how many of them the index does not list.
+    let (listed, unindexed): (Vec<(StreamKey, Option<String>)>, usize) = if by_query {
+        let changes = ctx
+            .store
             .changes(ctx.settings.item_installation(), 0)
-            .await?
+            .await?;
+        let live = changes
             .into_iter()
+            .filter(|c| !c.deleted)
             .map(|c| (c.key, c.uid))
-            .collect()
+            .collect();
+        (live, 0)
     } else {
-        ctx.store
+        let records: Vec<StreamRecord> = ctx
+            .store
             .list()
             .await?
             .records
             .into_iter()
             .filter(|r| ours(ctx, r))
-            .map(|r| (r.key, r.uid))
-            .collect()
+            .collect();
+        let unindexed = records.iter().filter(|r| r.change_shard.is_none()).count();
+        (
+            records.into_iter().map(|r| (r.key, r.uid)).collect(),
+            unindexed,
+        )
     };
     let mut candidates = HashSet::new();
     for (stream, uid) in listed {
@@ -115,7 +129,7 @@ async fn pass(
         }
     }
     missing.retain(|k, _| candidates.contains(k));
-    Ok(())
+    Ok(unindexed)
 }
 
 /// Written by this installation's controller, in a namespace it watches.

@@ -171,7 +171,7 @@ async fn reconcile_unmeasured(
     // item this installation mirrored before the claim moved is stopped and
     // deleted here, so the stream never runs from both tables.
     if let Some(table) = obj.annotations().get(settings::TABLE_ANNOTATION)
-        && table != ctx.store.table()
+        && *table != ctx.store.identity()
     {
         refuse_claimed(&ctx, &obj, table).await;
         let key = StreamKey::new(obj.namespace().unwrap_or_default(), obj.name_any());
@@ -220,8 +220,8 @@ async fn refuse_claimed(ctx: &Context, obj: &StreamConnection, table: &str) {
     }
     let message = format!(
         "mirrored into lease table '{table}' by another installation; this one (table '{}') leaves it alone. \
-         To move it, remove the {} annotation",
-        ctx.store.table(),
+         To move it, stop it, point the {} annotation at the other table, and start it again",
+        ctx.store.identity(),
         settings::TABLE_ANNOTATION
     );
     tracing::warn!(object = %object_key(obj), %table, "{message}");
@@ -246,7 +246,7 @@ async fn claim(obj: &StreamConnection, ctx: &Context) -> Result<bool, Error> {
     let patch = serde_json::json!({
         "metadata": {
             "resourceVersion": obj.metadata.resource_version,
-            "annotations": {settings::TABLE_ANNOTATION: ctx.store.table()},
+            "annotations": {settings::TABLE_ANNOTATION: ctx.store.identity()},
         }
     });
     match api

@@ -59,8 +59,13 @@ pub(super) fn compute(
         let session = r.status.as_ref();
         let phase = match (owner, r.desired_state) {
             (None, DesiredState::Stopped) => Phase::Stopped,
-            // Refused for good by the last owner: still the user's to fix.
-            (None, DesiredState::Started) if session.is_some_and(|s| s.phase == Phase::Failed) => {
+            // Refused for good by the last owner, for the spec the table
+            // holds: still the user's to fix. A failure of an older
+            // generation says nothing about the new one.
+            (None, DesiredState::Started)
+                if session.is_some_and(|s| s.phase == Phase::Failed)
+                    && r.served_generation.is_none_or(|g| g == r.generation) =>
+            {
                 Phase::Failed
             }
             (None, DesiredState::Started) => Phase::Pending,
@@ -200,11 +205,10 @@ fn observed_generation(
         return None;
     };
     let r = &v.record;
+    // A live owner's session (stopping included) runs what it serves.
     let observed = match v.live_owner() {
-        Some(_) if r.desired_state == DesiredState::Started => {
-            r.served_generation.unwrap_or(r.generation)
-        }
-        _ => r.generation,
+        Some(_) => r.served_generation.unwrap_or(r.generation),
+        None => r.generation,
     };
     Some(current.map_or(observed, |c| observed.min(c)))
 }
@@ -415,6 +419,29 @@ mod tests {
         let mut stopped = view(None, Phase::Pending);
         stopped.record.desired_state = DesiredState::Stopped;
         assert_eq!(kinds(&compute(&obj(), Some(&stopped), None, None)), vec![]);
+    }
+
+    #[test]
+    fn a_failure_of_an_older_generation_is_not_the_new_one_s_and_stopping_is_in_progress() {
+        let mut o = obj();
+        o.metadata.generation = Some(5);
+        let mut v = view(None, Phase::Failed);
+        v.record.generation = 5;
+        v.record.served_generation = Some(4);
+        let s = compute(&o, Some(&v), None, None);
+        assert_eq!(
+            s.phase.as_deref(),
+            Some("Pending"),
+            "the fix waits for an owner"
+        );
+        assert!(s.conditions.iter().all(|c| c.type_ != STALLED));
+        assert_eq!(cond(&s, RECONCILING).status, "True");
+        // Stopped in the spec, the live owner still connected on generation 4.
+        let mut v = view(Some(("w1", true)), Phase::Connected);
+        v.record.generation = 5;
+        v.record.desired_state = DesiredState::Stopped;
+        let s = compute(&o, Some(&v), None, None);
+        assert_eq!(s.observed_generation, Some(4), "not yet the stopped spec");
     }
 
     #[test]

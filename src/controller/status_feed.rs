@@ -1,37 +1,36 @@
 //! Status from what changed, not from polling every resource.
 //!
-//! Every write to a stream item is stamped (`changed_at_ms`, `change_seq`)
-//! by the lease store's one write builder, and a mirrored item carries its
-//! installation's `change_shard`, so the `by_change` index lists this
-//! installation's streams by when they last changed. Each pass (every
-//! `--status-refresh`) the leader reads:
+//! Every write to a stream item is stamped (`changed_at_ms` on the store's
+//! clock, `change_seq`) by the lease store's one write builder, and a
+//! mirrored item carries its installation's `change_shard`, so the
+//! `by_change` index lists this installation's streams by when they last
+//! changed. Each pass (every `--status-refresh`) the leader reads:
 //!
 //! - the index's entries changed since its last pass (minus a look-back for
-//!   writers' clocks and the index's lag): one small query per shard,
-//!   whatever the number of resources; an entry whose `change_seq` it has not
-//!   seen yet drops that stream's cached item and reconciles the resource;
+//!   the index's lag): one small query per shard, whatever the number of
+//!   resources; an entry whose `change_seq` it has not seen yet asks for
+//!   that resource's reconcile;
 //! - the fleet (one query of the worker items' index partition): a worker
-//!   whose state changed (LIVE → DRAINING, DEAD, LEFT, gone) drops its cached
-//!   worker item and reconciles the resources it owns;
+//!   whose state changed (LIVE → DRAINING, DEAD, LEFT, gone) is read again
+//!   by the pass and the resources it owns are reconciled;
 //! - every `--status-progress-interval`, every owner's worker item and
-//!   checkpoints again (one read per owner and checkpoint shard), for the
-//!   progress fields (`lastSeq`, `leaseExpiresAt`).
+//!   checkpoints (one read per owner and checkpoint shard, by the pass), and
+//!   every cached resource is reconciled from them (progress fields).
 //!
 //! A reconcile computes the status from the cached item and owner, reading
-//! only what was dropped. So steady-state reads are O(changes + workers), not
-//! O(resources / refresh). Safety nets: an item is re-read when the spec it
-//! must mirror differs from the cached one, and after [`RESYNC`] whatever
-//! happened (a writer that stamps nothing: version 0.1 during a rolling
-//! upgrade, or a clock further behind than the look-back).
+//! only what is newer than its copy. So steady-state reads are O(changes +
+//! workers), not O(resources / refresh). Safety nets: an item is re-read when
+//! the spec it must mirror differs from the cached one, and after [`RESYNC`]
+//! whatever happened.
 
 use crate::crd::StreamConnection;
 use crate::lease::{
     DesiredStream, Incarnation, LeaseStore, Owners, Ownership, StoreError, StreamKey, StreamRecord,
-    StreamView, WorkerState, now_ms,
+    StreamView, WorkerState,
 };
 use crate::support::lock;
 use kube::runtime::reflector::ObjectRef;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
@@ -64,6 +63,9 @@ struct Feed {
     fleet: HashMap<Incarnation, (WorkerState, bool)>,
     /// Wall clock at the start of the last pass that read the index.
     since_ms: u64,
+    /// Moves whenever a pass changes what is known of owners: a reconcile's
+    /// read of an owner started before is not kept.
+    owners_epoch: u64,
     progress_at: Option<Instant>,
 }
 
@@ -124,13 +126,22 @@ impl StatusFeed {
         if record.is_tombstone() {
             return Ok(None);
         }
-        if let Some(view) = lock(&self.feed).owners.view(&record) {
-            return Ok(Some(view));
+        let epoch = {
+            let feed = lock(&self.feed);
+            if let Some(view) = feed.owners.view(&record) {
+                return Ok(Some(view));
+            }
+            feed.owners_epoch
+        };
+        // This owner alone, read now; kept only if no pass changed what is
+        // known of owners meanwhile (it may have seen this one die).
+        let mut read = Owners::default();
+        store.add_owner(&mut read, &record).await?;
+        let view = read.view(&record);
+        let mut feed = lock(&self.feed);
+        if feed.owners_epoch == epoch {
+            feed.owners.merge(read);
         }
-        let mut owners = lock(&self.feed).owners.clone();
-        store.add_owner(&mut owners, &record).await?;
-        let view = owners.view(&record);
-        lock(&self.feed).owners = owners;
         Ok(view)
     }
 
@@ -153,7 +164,9 @@ impl StatusFeed {
         store: &LeaseStore,
         triggers: &[Trigger],
     ) -> Result<usize, StoreError> {
-        let started_ms = now_ms();
+        // The store's clock, as the stamps are (a writer's clock that is off
+        // does not hide its changes).
+        let started_ms = store.clock().store_now_at_least();
         let since_ms = {
             let feed = lock(&self.feed);
             // The first pass reads every entry.
@@ -167,6 +180,44 @@ impl StatusFeed {
             .changes(&self.installation, since_ms.unwrap_or(0))
             .await?;
         let fleet = store.fleet().await?;
+        let now: HashMap<Incarnation, (WorkerState, bool)> = fleet
+            .workers
+            .iter()
+            .map(|w| (w.incarnation.clone(), (w.state, w.draining)))
+            .collect();
+        // Which owners to read again, and one stream of each to read it by:
+        // every owner at the progress interval, else those whose state moved.
+        let (moved, progress, samples) = {
+            let feed = lock(&self.feed);
+            let moved: HashSet<Incarnation> = feed
+                .fleet
+                .iter()
+                .filter(|(inc, state)| now.get(inc) != Some(state))
+                .map(|(inc, _)| inc.clone())
+                .chain(now.keys().filter(|i| !feed.fleet.contains_key(*i)).cloned())
+                .collect();
+            let progress = feed
+                .progress_at
+                .is_none_or(|at| at.elapsed() >= self.progress_interval);
+            let mut samples: HashMap<Incarnation, StreamRecord> = HashMap::new();
+            for cached in feed.items.values() {
+                if let Ownership::Owned(owner) = cached.record.ownership()
+                    && (progress || moved.contains(&owner))
+                {
+                    samples
+                        .entry(owner)
+                        .or_insert_with(|| cached.record.clone());
+                }
+            }
+            (moved, progress, samples)
+        };
+        // Read here, once per owner, not by each reconcile it would ask for.
+        let mut read = Owners::default();
+        for sample in samples.values() {
+            store.add_owner(&mut read, sample).await?;
+        }
+        // Every read succeeded: now the pass counts (a failed one changes
+        // nothing and the next looks back from the same point).
         let mut feed = lock(&self.feed);
         // Every change not seen yet asks for a reconcile, on the first pass
         // too: a reconcile that read the item before that change may still
@@ -181,32 +232,23 @@ impl StatusFeed {
             feed.seen.insert(c.key.clone(), c.change_seq);
             due.push(c.key);
         }
-        let now: HashMap<Incarnation, (WorkerState, bool)> = fleet
-            .workers
-            .iter()
-            .map(|w| (w.incarnation.clone(), (w.state, w.draining)))
-            .collect();
-        let moved: Vec<Incarnation> = feed
-            .fleet
-            .iter()
-            .filter(|(inc, state)| now.get(inc) != Some(state))
-            .map(|(inc, _)| inc.clone())
-            .chain(now.keys().filter(|i| !feed.fleet.contains_key(*i)).cloned())
-            .collect();
-        for inc in &moved {
-            feed.owners.forget(inc);
-        }
-        let progress = feed
-            .progress_at
-            .is_none_or(|at| at.elapsed() >= self.progress_interval);
+        feed.owners_epoch += 1;
         if progress {
-            feed.owners.clear();
+            feed.owners = read;
             feed.progress_at = Some(Instant::now());
+        } else {
+            for inc in &moved {
+                feed.owners.forget(inc);
+            }
+            feed.owners.merge(read);
         }
+        // At the progress interval every cached resource is looked at again
+        // (no read: its copy and the fresh owners), free streams included, so
+        // a status a former leader wrote late is put right within it.
         for (key, cached) in &feed.items {
-            if let Ownership::Owned(owner) = cached.record.ownership()
-                && (progress || moved.contains(&owner))
-            {
+            let owner_moved =
+                matches!(cached.record.ownership(), Ownership::Owned(o) if moved.contains(&o));
+            if progress || owner_moved {
                 due.push(key.clone());
             }
         }

@@ -243,6 +243,18 @@ impl LeaseStore {
         &self.endpoint
     }
 
+    /// Which table this is, anywhere: `<table>@<endpoint host>` (for AWS the
+    /// host names the region), so two tables of one name in two regions or
+    /// on two local servers are told apart.
+    pub fn identity(&self) -> String {
+        let host = self
+            .endpoint
+            .split_once("://")
+            .map_or(self.endpoint.as_str(), |(_, rest)| rest)
+            .trim_end_matches('/');
+        format!("{}@{host}", self.table)
+    }
+
     pub fn metrics(&self) -> &Arc<StoreMetrics> {
         &self.metrics
     }

@@ -90,6 +90,15 @@ impl ClockGauge {
         })
     }
 
+    /// The store's clock as best known (ms): local time corrected by the
+    /// middle of the offset bounds (within about a second of the store's).
+    /// Change stamps use it, so stamps from machines whose clocks disagree
+    /// still line up.
+    pub fn store_now(&self) -> u64 {
+        let offset = self.bounds().map_or(0, |b| b.midpoint());
+        (now_ms() as i64 - offset).max(0) as u64
+    }
+
     /// A time the store's clock has certainly reached (ms): local time minus
     /// however far ahead this clock may be. Used to judge version-1 expiries.
     pub fn store_now_at_least(&self) -> u64 {

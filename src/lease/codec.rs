@@ -78,8 +78,9 @@ pub mod attr {
 
 /// Attributes the `by_change` index carries besides its keys: enough for the
 /// controller to tell a change it has not read yet (`change_seq`) and, for
-/// the garbage collector, which resource wrote the item (`uid`).
-pub const CHANGE_INDEX_ATTRIBUTES: [&str; 2] = [attr::UID, attr::CHANGE_SEQ];
+/// the garbage collector, which resource wrote the item (`uid`) and whether
+/// it is a tombstone already (`deleted_at_ms`), without reading the item.
+pub const CHANGE_INDEX_ATTRIBUTES: [&str; 3] = [attr::UID, attr::CHANGE_SEQ, attr::DELETED_AT_MS];
 
 /// Attributes the `by_holder` index carries besides its keys: what an acquirer
 /// needs to classify and compare-and-swap a candidate, and what the fleet

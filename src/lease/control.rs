@@ -286,9 +286,7 @@ impl LeaseStore {
                 ":stopped",
                 s(DesiredState::Stopped.as_str()),
             );
-            // A tombstone also leaves the change feed: its resource is gone,
-            // and the garbage collector lists the installation's items there.
-            for a in [attr::WS_URL, attr::SPEC, attr::LAST_SEQ, attr::CHANGE_SHARD] {
+            for a in [attr::WS_URL, attr::SPEC, attr::LAST_SEQ] {
                 g.remove(a);
             }
             if ownership == Ownership::Free {

@@ -146,6 +146,8 @@ pub struct Change {
     pub changed_at_ms: u64,
     /// How many writes the item has had (with the time, which change this is).
     pub change_seq: u64,
+    /// A tombstone (its resource was deleted).
+    pub deleted: bool,
 }
 
 fn change_of(item: &super::codec::Item) -> Option<Change> {
@@ -160,6 +162,7 @@ fn change_of(item: &super::codec::Item) -> Option<Change> {
         uid: text(attr::UID),
         changed_at_ms: number(attr::CHANGED_AT_MS)?,
         change_seq: number(attr::CHANGE_SEQ).unwrap_or(0),
+        deleted: item.contains_key(attr::DELETED_AT_MS),
     })
 }
 

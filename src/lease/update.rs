@@ -6,7 +6,6 @@
 //! values it names, and every write reports its consumed capacity the same way.
 
 use super::client::{ConditionFailed, LeaseStore};
-use super::clock::now_ms;
 use super::codec::{attr, n, s};
 use super::error::StoreError;
 use super::keys::STREAM_PK_PREFIX;
@@ -185,7 +184,11 @@ impl LeaseStore {
         let stamped;
         let update = if pk.starts_with(STREAM_PK_PREFIX) {
             let mut u = update.clone();
-            u.set(attr::CHANGED_AT_MS, ":changed_at", n(now_ms()));
+            u.set(
+                attr::CHANGED_AT_MS,
+                ":changed_at",
+                n(self.clock().store_now()),
+            );
             u.add(attr::CHANGE_SEQ, ":change_one", n(1));
             stamped = u;
             &stamped

@@ -121,9 +121,14 @@ impl Owners {
         self.gone.remove(who);
     }
 
-    pub fn clear(&mut self) {
-        self.workers.clear();
-        self.gone.clear();
+    /// Takes in what `other` knows (its entries win).
+    pub fn merge(&mut self, other: Owners) {
+        for inc in other.workers.keys().chain(other.gone.iter()) {
+            self.workers.remove(inc);
+            self.gone.remove(inc);
+        }
+        self.workers.extend(other.workers);
+        self.gone.extend(other.gone);
     }
 }
 
