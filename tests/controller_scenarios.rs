@@ -119,6 +119,24 @@ async fn expect_answering(
 
 const OBJ_PATH: &str = "/apis/tether.dev/v1alpha1/namespaces/ns/streamconnections/";
 
+/// After the calls a test answered: no further API call, and nothing
+/// mirrored for `name` (`why` says why not).
+async fn no_further_calls_and_not_mirrored(
+    handle: &mut ApiHandle,
+    store: &LeaseStore,
+    name: &str,
+    why: &str,
+) {
+    let next =
+        tokio::time::timeout(std::time::Duration::from_millis(200), handle.next_request()).await;
+    assert!(!matches!(next, Ok(Some(_))), "no further calls");
+    assert_eq!(
+        store.get(&StreamKey::new("ns", name)).await.unwrap(),
+        None,
+        "{why}"
+    );
+}
+
 #[tokio::test]
 async fn a_new_resource_first_gets_the_finalizer_and_nothing_else() {
     let (ctx, mut handle, store) = setup().await;
@@ -142,14 +160,13 @@ async fn a_new_resource_first_gets_the_finalizer_and_nothing_else() {
     });
     reconcile(Arc::new(obj), ctx).await.unwrap();
     let mut handle = server.await.unwrap();
-    let next =
-        tokio::time::timeout(std::time::Duration::from_millis(200), handle.next_request()).await;
-    assert!(!matches!(next, Ok(Some(_))), "no further calls");
-    assert_eq!(
-        store.get(&StreamKey::new("ns", "fresh")).await.unwrap(),
-        None,
-        "not mirrored before the finalizer is on"
-    );
+    no_further_calls_and_not_mirrored(
+        &mut handle,
+        &store,
+        "fresh",
+        "not mirrored before the finalizer is on",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -432,12 +449,11 @@ async fn an_unclaimed_resource_is_claimed_for_this_table_before_anything_is_mirr
     // The 409 is not an error: the reconcile comes back shortly to look again.
     reconcile(Arc::new(obj), ctx).await.unwrap();
     let mut handle = server.await.unwrap();
-    let next =
-        tokio::time::timeout(std::time::Duration::from_millis(200), handle.next_request()).await;
-    assert!(!matches!(next, Ok(Some(_))), "no further calls");
-    assert_eq!(
-        store.get(&StreamKey::new("ns", "unclaimed")).await.unwrap(),
-        None,
-        "not mirrored without the claim"
-    );
+    no_further_calls_and_not_mirrored(
+        &mut handle,
+        &store,
+        "unclaimed",
+        "not mirrored without the claim",
+    )
+    .await;
 }

@@ -694,23 +694,22 @@ async fn two_unnamed_installations_on_different_tables_never_serve_one_resource_
     // The claim moved by hand (a migration between tables): the table that
     // loses it stops and deletes its item, so the stream still runs from one
     // table only.
-    let mut moved = None;
-    for name in &names {
-        if mirrored(&second_table, name).await {
-            moved = Some(name.clone());
-            break;
-        }
-    }
-    let moved = moved.expect("the second table holds some resource");
+    // Whichever table won the first resource, move it to the other.
+    let moved = names[0].clone();
+    let (from, to) = if mirrored(&first_table, &moved).await {
+        (&first_table, &second_table)
+    } else {
+        (&second_table, &first_table)
+    };
     api.patch(
         &moved,
-        json!({"metadata": {"annotations": {"tether.dev/table": first_table.identity()}}}),
+        json!({"metadata": {"annotations": {"tether.dev/table": to.identity()}}}),
     )
     .await;
     eventually_or(
         Duration::from_secs(30),
-        "the moved resource is in the first table only",
-        || async { mirrored(&first_table, &moved).await && !mirrored(&second_table, &moved).await },
+        "the moved resource is in the other table only",
+        || async { mirrored(to, &moved).await && !mirrored(from, &moved).await },
         explain,
     )
     .await;
@@ -798,22 +797,57 @@ impl Served {
     }
 }
 
+/// Two operator replicas on one table serving `count` streams named
+/// `<prefix><i>` from a live upstream.
+struct ServedFleet {
+    emulator: Emulator,
+    store: LeaseStore,
+    _upstream: tether_testkit::upstream::TestUpstream,
+    dir: tempfile::TempDir,
+    served: Served,
+    a: Operator,
+    b: Operator,
+}
+
+impl ServedFleet {
+    async fn start(prefix: &str, count: usize, ids: [&str; 2]) -> Self {
+        let emulator = Emulator::start();
+        let store = fresh_store(None).await;
+        let upstream = tether_testkit::upstream::start(loopback(), 5)
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let names = (0..count).map(|i| format!("{prefix}{i}")).collect();
+        let served = Served::create(&emulator, &upstream, names).await;
+        let a = Operator::start(&emulator, &store, ids[0], dir.path(), None, &[]);
+        let b = Operator::start(&emulator, &store, ids[1], dir.path(), None, &[]);
+        Self {
+            emulator,
+            store,
+            _upstream: upstream,
+            dir,
+            served,
+            a,
+            b,
+        }
+    }
+}
+
 /// A rolling restart moves every stream (some twice) and writes a bounded
 /// number of events: an owner move is routine, shown in status and metrics,
 /// not one event per stream per move (that was `Acquired` for every move:
 /// at least one event per stream here, ten thousand on a large fleet).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_moves_every_stream_and_writes_a_bounded_number_of_events() {
-    let emulator = Emulator::start();
-    let store = fresh_store(None).await;
-    let upstream = tether_testkit::upstream::start(loopback(), 5)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let names = (0..10).map(|i| format!("r{i}")).collect();
-    let served = Served::create(&emulator, &upstream, names).await;
-    let mut a = Operator::start(&emulator, &store, "roll-a", dir.path(), None, &[]);
-    let mut b = Operator::start(&emulator, &store, "roll-b", dir.path(), None, &[]);
+    let ServedFleet {
+        emulator,
+        store,
+        _upstream,
+        dir,
+        served,
+        a: mut a,
+        b: mut b,
+    } = ServedFleet::start("r", 10, ["roll-a", "roll-b"]).await;
     let explain = || String::from("see the operators' logs in the test's directory");
     eventually_or(
         Duration::from_secs(40),
@@ -877,16 +911,16 @@ async fn a_rolling_restart_moves_every_stream_and_writes_a_bounded_number_of_eve
 /// resource): every stream of the killed worker shows its new owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_a_worker_dies_the_status_of_its_streams_follows_them_to_the_survivor() {
-    let emulator = Emulator::start();
-    let store = fresh_store(None).await;
-    let upstream = tether_testkit::upstream::start(loopback(), 5)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let names = (0..8).map(|i| format!("d{i}")).collect();
-    let served = Served::create(&emulator, &upstream, names).await;
-    let a = Operator::start(&emulator, &store, "live-a", dir.path(), None, &[]);
-    let b = Operator::start(&emulator, &store, "live-b", dir.path(), None, &[]);
+    // Every part is bound: a dropped emulator or upstream would stop.
+    let ServedFleet {
+        emulator: _emulator,
+        store: _store,
+        _upstream,
+        dir,
+        served,
+        a,
+        b,
+    } = ServedFleet::start("d", 8, ["live-a", "live-b"]).await;
     let explain = || format!("a:\n{}\nb:\n{}", a.log(), b.log());
     // Both hold streams (fair share), and one of them leads.
     eventually_or(

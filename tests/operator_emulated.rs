@@ -845,15 +845,24 @@ async fn a_new_generation_is_in_progress_until_its_session_runs_and_a_refusal_st
                 && kstatus::compute(&obj) == wanted
         }
     };
-    eventually_or(
-        Duration::from_secs(30),
-        "generation 1 is Current",
-        || verdict(Kstatus::Current, 1),
-        diagnostics,
-    )
-    .await;
-    let obj = get(&http, &object_url).await.unwrap();
-    assert!(kstatus::kubectl_wait_satisfied(&obj, "Ready"), "{obj}");
+    // Current for kstatus, and what kubectl wait --for=condition=Ready waits for.
+    let current_and_ready = |generation: i64| {
+        let http = http.clone();
+        let url = object_url.clone();
+        let verdict = &verdict;
+        async move {
+            eventually_or(
+                Duration::from_secs(30),
+                &format!("generation {generation} is Current"),
+                || verdict(Kstatus::Current, generation),
+                diagnostics,
+            )
+            .await;
+            let obj = get(&http, &url).await.unwrap();
+            assert!(kstatus::kubectl_wait_satisfied(&obj, "Ready"), "{obj}");
+        }
+    };
+    current_and_ready(1).await;
 
     let patch_spec = |spec: Value| {
         let http = http.clone();
@@ -902,15 +911,7 @@ async fn a_new_generation_is_in_progress_until_its_session_runs_and_a_refusal_st
 
     // Back to a working upstream: generation 3 is Current once it runs.
     patch_spec(json!({"url": upstream.url("gen")})).await;
-    eventually_or(
-        Duration::from_secs(30),
-        "generation 3 is Current",
-        || verdict(Kstatus::Current, 3),
-        diagnostics,
-    )
-    .await;
-    let obj = get(&http, &object_url).await.unwrap();
-    assert!(kstatus::kubectl_wait_satisfied(&obj, "Ready"), "{obj}");
+    current_and_ready(3).await;
 
     // A sink no policy allows: refused for good, so Failed, not InProgress.
     patch_spec(json!({"sink": {"http": {"url": "http://169.254.169.254/ingest"}, "log": null}}))
