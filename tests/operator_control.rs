@@ -845,8 +845,8 @@ async fn a_rolling_restart_moves_every_stream_and_writes_a_bounded_number_of_eve
         _upstream,
         dir,
         served,
-        a: mut a,
-        b: mut b,
+        mut a,
+        mut b,
     } = ServedFleet::start("r", 10, ["roll-a", "roll-b"]).await;
     let explain = || String::from("see the operators' logs in the test's directory");
     eventually_or(
