@@ -181,3 +181,26 @@ contains an allowed name does not pass.
 {{- end -}}
 {{- printf "(?i)^[a-z][a-z0-9+.-]*://(%s)(:[0-9]+)?([/?#]|$)" (join "|" $alternatives) -}}
 {{- end }}
+
+{{/*
+A ServiceMonitor endpoint's or PodMonitor endpoint's scrape options, from
+metrics.serviceMonitor or metrics.podMonitor (the same keys).
+*/}}
+{{- define "tether.scrapeOptions" -}}
+path: /metrics
+interval: {{ .interval }}
+{{- with .scrapeTimeout }}
+scrapeTimeout: {{ . }}
+{{- end }}
+{{- if .honorLabels }}
+honorLabels: true
+{{- end }}
+{{- with .relabelings }}
+relabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
