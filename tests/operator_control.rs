@@ -951,3 +951,57 @@ async fn when_a_worker_dies_the_status_of_its_streams_follows_them_to_the_surviv
     )
     .await;
 }
+
+/// Two unnamed installations (each leading in its own namespace) on one
+/// table: both claim with the same table, mirror into the same item, and the
+/// table's one owner serves each stream once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_unnamed_installations_on_one_table_serve_each_resource_once() {
+    let emulator = Emulator::start();
+    let store = fresh_store(None).await;
+    let upstream = tether_testkit::upstream::start(loopback(), 5)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let names: Vec<String> = (0..4).map(|i| format!("s{i}")).collect();
+    let served = Served::create(&emulator, &upstream, names.clone()).await;
+    let x = Operator::start(&emulator, &store, "x", dir.path(), None, &[]);
+    let y = Operator::start(
+        &emulator,
+        &store,
+        "y",
+        dir.path(),
+        None,
+        &["--leader-namespace", "other-release"],
+    );
+    let explain = || format!("x:\n{}\ny:\n{}", x.log(), y.log());
+    eventually_or(
+        Duration::from_secs(40),
+        "every stream Connected",
+        || served.served_by(&["x", "y"]),
+        explain,
+    )
+    .await;
+    assert!(x.leading().await && y.leading().await, "{}", explain());
+    // Both controllers reconcile every resource; a few seconds of that.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let api = Api::new(&emulator);
+    for name in &names {
+        let obj = api.get(name).await.unwrap();
+        assert_eq!(
+            obj["metadata"]["annotations"]["tether.dev/table"],
+            store.identity().as_str()
+        );
+        assert_eq!(
+            upstream.open_sessions().get(name.as_str()),
+            Some(&1),
+            "{name}"
+        );
+    }
+    assert!(upstream.overlaps().is_empty(), "{:?}", upstream.overlaps());
+    assert!(
+        !x.log().contains("leaves it alone") && !y.log().contains("leaves it alone"),
+        "one table: nothing refused\n{}",
+        explain()
+    );
+}
