@@ -142,15 +142,7 @@ impl Api {
     }
 
     async fn patch(&self, name: &str, body: Value) {
-        let r = self
-            .http
-            .patch(format!("{}/{name}", self.base))
-            .header("content-type", "application/merge-patch+json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+        k8s::merge_patch(&self.http, &format!("{}/{name}", self.base), body).await;
     }
 
     async fn delete(&self, name: &str) {
@@ -303,13 +295,39 @@ async fn one_replica_reconciles_and_a_standby_takes_over_when_it_dies() {
     .await;
 }
 
+/// The API emulator and two fresh tables, for two installations side by
+/// side (each test starts its operators when its scenario needs them).
+struct TwoTables {
+    emulator: Emulator,
+    first: LeaseStore,
+    second: LeaseStore,
+    dir: tempfile::TempDir,
+    api: Api,
+}
+
+impl TwoTables {
+    async fn new() -> Self {
+        let emulator = Emulator::start();
+        let api = Api::new(&emulator);
+        Self {
+            first: fresh_store(None).await,
+            second: fresh_store(None).await,
+            dir: tempfile::tempdir().unwrap(),
+            emulator,
+            api,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_installations_in_one_cluster_never_claim_the_same_resource() {
-    let emulator = Emulator::start();
-    let prod_table = fresh_store(None).await;
-    let staging_table = fresh_store(None).await;
-    let dir = tempfile::tempdir().unwrap();
-    let api = Api::new(&emulator);
+    let TwoTables {
+        emulator,
+        first: prod_table,
+        second: staging_table,
+        dir,
+        api,
+    } = TwoTables::new().await;
     let prod = Operator::start(&emulator, &prod_table, "prod", dir.path(), None, &[]);
     let staging = Operator::start(
         &emulator,
@@ -621,11 +639,13 @@ async fn only_watched_namespaces_are_reconciled_and_collected() {
 /// why it leaves it alone, and takes it over only when the claim is removed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_unnamed_installations_on_different_tables_never_serve_one_resource_twice() {
-    let emulator = Emulator::start();
-    let first_table = fresh_store(None).await;
-    let second_table = fresh_store(None).await;
-    let dir = tempfile::tempdir().unwrap();
-    let api = Api::new(&emulator);
+    let TwoTables {
+        emulator,
+        first: first_table,
+        second: second_table,
+        dir,
+        api,
+    } = TwoTables::new().await;
     let names: Vec<String> = (0..6).map(|i| format!("u{i}")).collect();
     // Resources first, then both operators at once: every claim is a race.
     for name in &names {
@@ -798,11 +818,12 @@ impl Served {
 }
 
 /// Two operator replicas on one table serving `count` streams named
-/// `<prefix><i>` from a live upstream.
+/// `<prefix><i>` from a live upstream (`b_args`: the second one's extra
+/// flags).
 struct ServedFleet {
     emulator: Emulator,
     store: LeaseStore,
-    _upstream: tether_testkit::upstream::TestUpstream,
+    upstream: tether_testkit::upstream::TestUpstream,
     dir: tempfile::TempDir,
     served: Served,
     a: Operator,
@@ -810,7 +831,7 @@ struct ServedFleet {
 }
 
 impl ServedFleet {
-    async fn start(prefix: &str, count: usize, ids: [&str; 2]) -> Self {
+    async fn start(prefix: &str, count: usize, ids: [&str; 2], b_args: &[&str]) -> Self {
         let emulator = Emulator::start();
         let store = fresh_store(None).await;
         let upstream = tether_testkit::upstream::start(loopback(), 5)
@@ -820,11 +841,11 @@ impl ServedFleet {
         let names = (0..count).map(|i| format!("{prefix}{i}")).collect();
         let served = Served::create(&emulator, &upstream, names).await;
         let a = Operator::start(&emulator, &store, ids[0], dir.path(), None, &[]);
-        let b = Operator::start(&emulator, &store, ids[1], dir.path(), None, &[]);
+        let b = Operator::start(&emulator, &store, ids[1], dir.path(), None, b_args);
         Self {
             emulator,
             store,
-            _upstream: upstream,
+            upstream,
             dir,
             served,
             a,
@@ -842,12 +863,12 @@ async fn a_rolling_restart_moves_every_stream_and_writes_a_bounded_number_of_eve
     let ServedFleet {
         emulator,
         store,
-        _upstream,
+        upstream: _upstream,
         dir,
         served,
         mut a,
         mut b,
-    } = ServedFleet::start("r", 10, ["roll-a", "roll-b"]).await;
+    } = ServedFleet::start("r", 10, ["roll-a", "roll-b"], &[]).await;
     let explain = || String::from("see the operators' logs in the test's directory");
     eventually_or(
         Duration::from_secs(40),
@@ -915,12 +936,12 @@ async fn when_a_worker_dies_the_status_of_its_streams_follows_them_to_the_surviv
     let ServedFleet {
         emulator: _emulator,
         store: _store,
-        _upstream,
+        upstream: _upstream,
         dir,
         served,
         a,
         b,
-    } = ServedFleet::start("d", 8, ["live-a", "live-b"]).await;
+    } = ServedFleet::start("d", 8, ["live-a", "live-b"], &[]).await;
     let explain = || format!("a:\n{}\nb:\n{}", a.log(), b.log());
     // Both hold streams (fair share), and one of them leads.
     eventually_or(
@@ -957,23 +978,15 @@ async fn when_a_worker_dies_the_status_of_its_streams_follows_them_to_the_surviv
 /// table's one owner serves each stream once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_unnamed_installations_on_one_table_serve_each_resource_once() {
-    let emulator = Emulator::start();
-    let store = fresh_store(None).await;
-    let upstream = tether_testkit::upstream::start(loopback(), 5)
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let names: Vec<String> = (0..4).map(|i| format!("s{i}")).collect();
-    let served = Served::create(&emulator, &upstream, names.clone()).await;
-    let x = Operator::start(&emulator, &store, "x", dir.path(), None, &[]);
-    let y = Operator::start(
-        &emulator,
-        &store,
-        "y",
-        dir.path(),
-        None,
-        &["--leader-namespace", "other-release"],
-    );
+    let ServedFleet {
+        emulator,
+        store,
+        upstream,
+        dir: _dir,
+        served,
+        a: x,
+        b: y,
+    } = ServedFleet::start("s", 4, ["x", "y"], &["--leader-namespace", "other-release"]).await;
     let explain = || format!("x:\n{}\ny:\n{}", x.log(), y.log());
     eventually_or(
         Duration::from_secs(40),
@@ -986,7 +999,7 @@ async fn two_unnamed_installations_on_one_table_serve_each_resource_once() {
     // Both controllers reconcile every resource; a few seconds of that.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let api = Api::new(&emulator);
-    for name in &names {
+    for name in &served.names {
         let obj = api.get(name).await.unwrap();
         assert_eq!(
             obj["metadata"]["annotations"]["tether.dev/table"],

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 use tether::lease::StreamKey;
 use tether_testkit::bed::eventually_or;
-use tether_testkit::k8s::{self, Emulator};
+use tether_testkit::k8s::{self, Emulator, merge_patch};
 use tether_testkit::store::{endpoint, fresh_store};
 use tether_testkit::upstream::start as start_upstream;
 
@@ -174,14 +174,12 @@ async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
     );
 
     // Stopped → session closed, status Stopped.
-    let patched = http
-        .patch(&object_url)
-        .header("content-type", "application/merge-patch+json")
-        .body(json!({"spec": {"desiredState": "Stopped"}}).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert!(patched.status().is_success());
+    merge_patch(
+        &http,
+        &object_url,
+        json!({"spec": {"desiredState": "Stopped"}}),
+    )
+    .await;
     eventually_or(
         Duration::from_secs(30),
         "the session closes and status says Stopped",
@@ -199,12 +197,12 @@ async fn a_stream_connection_is_mirrored_served_stopped_and_deleted() {
     );
 
     // Started again, then deleted → session closed, item gone, finalizer removed.
-    http.patch(&object_url)
-        .header("content-type", "application/merge-patch+json")
-        .body(json!({"spec": {"desiredState": "Started"}}).to_string())
-        .send()
-        .await
-        .unwrap();
+    merge_patch(
+        &http,
+        &object_url,
+        json!({"spec": {"desiredState": "Started"}}),
+    )
+    .await;
     eventually_or(
         Duration::from_secs(30),
         "reconnected",
@@ -469,15 +467,12 @@ impl Pods {
 
     /// What the kubelet records when it restarts `pod`'s container.
     async fn record_restart(&self, pod: &str, restarts: u32) {
-        let restarted = self
-            .http
-            .patch(format!("{}/{pod}/status", self.pods_url()))
-            .header("content-type", "application/merge-patch+json")
-            .body(json!({"status": k8s::pod(pod, "feeds", restarts)["status"]}).to_string())
-            .send()
-            .await
-            .unwrap();
-        assert!(restarted.status().is_success(), "{restarted:?}");
+        merge_patch(
+            &self.http,
+            &format!("{}/{pod}/status", self.pods_url()),
+            json!({"status": k8s::pod(pod, "feeds", restarts)["status"]}),
+        )
+        .await;
     }
 
     /// Starts `tether operator` with `POD_NAME=pod` inside container
@@ -764,17 +759,12 @@ async fn an_annotation_asks_the_owner_to_reconnect_once_per_value() {
         let http = http.clone();
         let url = format!("{}{PATH}/live", emulator.url);
         async move {
-            let patched = http
-                .patch(url)
-                .header("content-type", "application/merge-patch+json")
-                .body(
-                    json!({"metadata": {"annotations": {"tether.dev/reconnect": value}}})
-                        .to_string(),
-                )
-                .send()
-                .await
-                .unwrap();
-            assert!(patched.status().is_success(), "{patched:?}");
+            merge_patch(
+                &http,
+                &url,
+                json!({"metadata": {"annotations": {"tether.dev/reconnect": value}}}),
+            )
+            .await;
         }
     };
     annotate("1").await;
@@ -867,16 +857,7 @@ async fn a_new_generation_is_in_progress_until_its_session_runs_and_a_refusal_st
     let patch_spec = |spec: Value| {
         let http = http.clone();
         let url = object_url.clone();
-        async move {
-            let patched = http
-                .patch(url)
-                .header("content-type", "application/merge-patch+json")
-                .body(json!({ "spec": spec }).to_string())
-                .send()
-                .await
-                .unwrap();
-            assert!(patched.status().is_success(), "{patched:?}");
-        }
+        async move { merge_patch(&http, &url, json!({ "spec": spec })).await }
     };
     // Generation 2 points at an upstream that refuses the handshake.
     let faulty = FaultyUpstream::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
@@ -1014,14 +995,12 @@ async fn steady_state_status_reads_follow_changes_not_resources() {
     assert!(since.is_string());
     // connectedSince has a resolution of one second.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let patched = http
-        .patch(&object_url)
-        .header("content-type", "application/merge-patch+json")
-        .body(json!({"metadata": {"annotations": {"tether.dev/reconnect": "1"}}}).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert!(patched.status().is_success());
+    merge_patch(
+        &http,
+        &object_url,
+        json!({"metadata": {"annotations": {"tether.dev/reconnect": "1"}}}),
+    )
+    .await;
     eventually_or(
         Duration::from_secs(20),
         "the new session shows in status",

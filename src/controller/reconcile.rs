@@ -319,10 +319,9 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
     {
         UpsertOutcome::Unchanged
     } else {
+        // A copy that does not mirror `desired` is never served from the
+        // feed's cache: the read after this write reads the item again.
         let outcome = ctx.store.upsert_desired(&desired).await?;
-        if let Some(f) = &feed {
-            f.invalidate(&key);
-        }
         if outcome == UpsertOutcome::Applied {
             view = read(key.clone()).await?;
         }

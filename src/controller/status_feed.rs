@@ -145,11 +145,6 @@ impl StatusFeed {
         Ok(view)
     }
 
-    /// Drops the cached item (after a write of the controller's own).
-    pub(super) fn invalidate(&self, key: &StreamKey) {
-        lock(&self.feed).items.remove(key);
-    }
-
     /// Forgets a stream whose resource is gone.
     pub(super) fn forget(&self, key: &StreamKey) {
         let mut feed = lock(&self.feed);

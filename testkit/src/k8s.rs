@@ -194,3 +194,20 @@ pub fn in_kubelet_container(
     }
     Ok(wrapped)
 }
+
+/// Applies a JSON merge patch to the object at `url` (the emulator's API);
+/// it must be accepted.
+pub async fn merge_patch(http: &reqwest::Client, url: &str, patch: serde_json::Value) {
+    let patched = http
+        .patch(url)
+        .header("content-type", "application/merge-patch+json")
+        .body(patch.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        patched.status().is_success(),
+        "{url}: {}",
+        patched.text().await.unwrap()
+    );
+}
