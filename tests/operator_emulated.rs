@@ -64,6 +64,23 @@ fn log_stream(name: &str, url: &str) -> Value {
     })
 }
 
+/// Creates a log-sink stream per name in `feeds`, each on its own feed path.
+async fn create_log_streams(
+    http: &reqwest::Client,
+    emulator: &Emulator,
+    upstream: &tether_testkit::upstream::TestUpstream,
+    names: &[String],
+) {
+    for name in names {
+        create(
+            http,
+            format!("{}{PATH}", emulator.url),
+            &log_stream(name, &upstream.url(name)),
+        )
+        .await;
+    }
+}
+
 async fn get(http: &reqwest::Client, url: &str) -> Option<Value> {
     let resp = http.get(url).send().await.ok()?;
     if resp.status() == 404 {
@@ -425,14 +442,7 @@ impl Pods {
             .unwrap();
         let http = reqwest::Client::new();
         let names: Vec<String> = (0..4).map(|i| format!("{prefix}{i}")).collect();
-        for n in &names {
-            create(
-                &http,
-                format!("{}{PATH}", emulator.url),
-                &log_stream(n, &upstream.url(n)),
-            )
-            .await;
-        }
+        create_log_streams(&http, &emulator, &upstream, &names).await;
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = emulator.kubeconfig(dir.path(), "feeds");
         Self {
@@ -943,14 +953,7 @@ async fn steady_state_status_reads_follow_changes_not_resources() {
         operator: _operator,
     } = Operated::start("op-1", &[]).await;
     let names: Vec<String> = (0..20).map(|i| format!("s{i:02}")).collect();
-    for name in &names {
-        create(
-            &http,
-            format!("{}{PATH}", emulator.url),
-            &log_stream(name, &upstream.url(name)),
-        )
-        .await;
-    }
+    create_log_streams(&http, &emulator, &upstream, &names).await;
     let diagnostics =
         || std::fs::read_to_string(dir.path().join(Operated::LOG)).unwrap_or_default();
     eventually_or(
