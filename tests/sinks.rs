@@ -139,16 +139,24 @@ async fn kinesis_sink_keeps_every_message_in_order_across_an_outage_and_a_sigkil
         .env
         .push(("AWS_ENDPOINT_URL_KINESIS".into(), proxy.endpoint()));
     let names = names("kin", 3);
+    // The first stream's records carry each message as a JSON value.
     let specs: Vec<_> = names
         .iter()
-        .map(|n| (n.clone(), kinesis_spec(&bed.upstream.url(n), "feeds")))
+        .enumerate()
+        .map(|(i, n)| {
+            let mut spec = kinesis_spec(&bed.upstream.url(n), "feeds");
+            if i == 0 {
+                as_json(&mut spec);
+            }
+            (n.clone(), spec)
+        })
         .collect();
     let records = outage_and_sigkill(&bed, &fleet, &proxy, &specs, || kinesis.records())
         .await
         .unwrap();
     assert_complete(&records, &bed, &names);
     // Per stream, one partition key: a consumer reads a stream's records in order.
-    for name in &names {
+    for (i, name) in names.iter().enumerate() {
         let connection = format!("{}/{name}", bed.namespace);
         assert!(
             records
@@ -157,7 +165,99 @@ async fn kinesis_sink_keeps_every_message_in_order_across_an_outage_and_a_sigkil
                 .all(|r| !r.worker.is_empty() && r.data.contains("\"seq\"")),
             "records carry the owner and the upstream's message"
         );
+        assert_carried(&records, &connection, i == 0);
     }
+}
+
+/// `dataFormat: json` on whichever sink `spec` has.
+fn as_json(spec: &mut StreamConnectionSpec) {
+    let format = tether::crd::DataFormat::Json;
+    if let Some(http) = &mut spec.sink.http {
+        http.data_format = format;
+    }
+    if let Some(kinesis) = &mut spec.sink.kinesis {
+        kinesis.data_format = format;
+    }
+}
+
+/// Every record of `connection` carried its message as a JSON value (or
+/// every one as a string), and a value is the upstream's message itself:
+/// its own `seq` is the record's.
+fn assert_carried(records: &[Delivered], connection: &str, as_json: bool) {
+    let ours: Vec<&Delivered> = records
+        .iter()
+        .filter(|r| r.connection == connection)
+        .collect();
+    assert!(!ours.is_empty(), "{connection}: no records");
+    for r in ours {
+        assert_eq!(r.as_json, as_json, "{connection}: {r:?}");
+        let message: serde_json::Value = serde_json::from_str(&r.data).unwrap();
+        assert_eq!(message["seq"].as_u64(), Some(r.seq), "{connection}: {r:?}");
+    }
+}
+
+/// The HTTP sink with `dataFormat: json`, beside a stream with the default:
+/// each body carries the messages as values (the verifying sink checks each
+/// value's own `seq` against the envelope's), the other stream's as
+/// strings, across a SIGKILL of the owner, with nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_sink_carries_messages_as_json_values_when_asked() {
+    let bed = Bed::start(TETHER, BedOptions::default()).await.unwrap();
+    let names = names("js", 2);
+    for (i, name) in names.iter().enumerate() {
+        let mut spec = bed.spec(name);
+        if i == 0 {
+            as_json(&mut spec);
+        }
+        bed.apply_spec(name, &spec, 1).await.unwrap();
+    }
+    let a = bed.fleet.spawn("a").unwrap();
+    let b = bed.fleet.spawn("b").unwrap();
+    let past = |seq: u64| {
+        let names = names.clone();
+        let bed = &bed;
+        async move {
+            names
+                .iter()
+                .all(|n| bed.log(n).max_seq().is_some_and(|s| s >= seq))
+        }
+    };
+    Bed::wait(LIMIT, "both streams delivered 20", || past(20))
+        .await
+        .unwrap();
+    let owner = bed
+        .owners()
+        .await
+        .get(&names[0])
+        .cloned()
+        .unwrap_or_default();
+    let victim = if owner.starts_with(a.id.as_str()) {
+        &a
+    } else {
+        &b
+    };
+    victim.signal(Signal::SIGKILL).unwrap();
+    let mark = names
+        .iter()
+        .filter_map(|n| bed.log(n).max_seq())
+        .max()
+        .unwrap_or(0);
+    Bed::wait(LIMIT, "both streams moved 30 past the kill", || {
+        past(mark + 30)
+    })
+    .await
+    .unwrap();
+    bed.assert_safe(&names, mark + 30);
+    let json = bed.log(&names[0]);
+    let total: u32 = json.seqs.values().sum();
+    assert_eq!(
+        u64::from(total),
+        json.carried_as_json,
+        "every message as a value"
+    );
+    assert_eq!(json.json_mismatched, 0, "each value is its own message");
+    let string = bed.log(&names[1]);
+    assert_eq!(string.carried_as_json, 0, "the default carries strings");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -468,6 +468,7 @@ mod tests {
             max_batch_messages: 0,
             linger_ms: 0,
             timeout_seconds: 5,
+            data_format: Default::default(),
         });
         spec.keepalive.interval_seconds = 0;
         spec.sequence = Some(SequenceSpec {

@@ -2,6 +2,7 @@
 //! fencing token, how batches are sized and bounded, and the ways a delivery
 //! fails. Every sink shares these; none owns them.
 
+use bytes::{Bytes, BytesMut};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -9,13 +10,73 @@ use thiserror::Error;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
     pub seq: u64,
-    /// The text as it arrived, sharing the frame's buffer: nothing is copied
-    /// between the socket and the sink's encoder.
     pub data: Text,
 }
 
-/// Message text: UTF-8 in shared bytes (tungstenite's own text type).
-pub use tokio_tungstenite::tungstenite::Utf8Bytes as Text;
+/// Message text: UTF-8 in shared bytes. Only built from `str`s, so always
+/// UTF-8, without checking it again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Text(Bytes);
+
+impl Text {
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The bytes, shared, for a sink whose payload is the raw text.
+    pub fn to_bytes(&self) -> Bytes {
+        self.0.clone()
+    }
+}
+
+impl From<String> for Text {
+    fn from(s: String) -> Self {
+        Self(Bytes::from(s.into_bytes()))
+    }
+}
+
+impl From<&str> for Text {
+    fn from(s: &str) -> Self {
+        Self(Bytes::copy_from_slice(s.as_bytes()))
+    }
+}
+
+/// Where a session keeps the text of messages read and not yet delivered:
+/// each message is copied out of the frame into a block shared by the batch.
+/// Keeping the frame itself (it shares the socket's read buffer) left that
+/// buffer shared, so tungstenite allocated and zeroed a new one on every
+/// refill: allocator work and `memset` that cost more than the copy.
+#[derive(Debug, Default)]
+pub struct TextArena(BytesMut);
+
+impl TextArena {
+    /// The least a new block holds: a few small messages' worth, so a busy
+    /// session allocates once per dozens of messages and a quiet one little.
+    const BLOCK: usize = 8 * 1024;
+
+    pub fn copy(&mut self, text: &str) -> Text {
+        if self.0.capacity() < text.len() {
+            // Reclaimed in place once every message of the block is gone.
+            self.0.reserve(text.len().max(Self::BLOCK));
+        }
+        self.0.extend_from_slice(text.as_bytes());
+        Text(self.0.split().freeze())
+    }
+
+    /// Lets the block go once nothing in it is waiting: an idle session
+    /// keeps none.
+    pub fn release(&mut self) {
+        self.0 = BytesMut::new();
+    }
+}
 
 /// The payload every sink receives. `token` is the lease's fencing token, so a
 /// sink can reject deliveries from an owner that has been superseded. Its

@@ -7,7 +7,7 @@
 
 use super::batch::{Batch, Batching, SinkError};
 use super::encode::batch_json;
-use crate::crd::HttpSinkSpec;
+use crate::crd::{DataFormat, HttpSinkSpec};
 
 /// Response header that, with HTTP 409, means "a newer owner exists".
 pub const FENCED_HEADER: &str = "tether-fenced";
@@ -16,6 +16,7 @@ pub struct HttpSink {
     client: reqwest::Client,
     url: String,
     pub batching: Batching,
+    pub data_format: DataFormat,
 }
 
 impl HttpSink {
@@ -28,6 +29,7 @@ impl HttpSink {
                 spec.linger_ms,
                 spec.timeout_seconds,
             ),
+            data_format: spec.data_format,
         }
     }
 
@@ -40,7 +42,7 @@ impl HttpSink {
             .timeout(self.batching.timeout)
             .headers(headers)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(batch_json(batch))
+            .body(batch_json(batch, self.data_format))
             .send()
             .await
             .map_err(|e| SinkError::Transport(root_cause(&e)))?;

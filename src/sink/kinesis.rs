@@ -10,7 +10,7 @@
 use super::batch::{Batch, Batching, SinkError};
 use super::clients::SinkClients;
 use super::encode::record_json;
-use crate::crd::KinesisSinkSpec;
+use crate::crd::{DataFormat, KinesisSinkSpec};
 use aws_sdk_kinesis::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
@@ -35,6 +35,7 @@ pub struct KinesisSink {
     stream_name: String,
     region: Option<String>,
     pub batching: Batching,
+    pub data_format: DataFormat,
 }
 
 impl KinesisSink {
@@ -49,6 +50,7 @@ impl KinesisSink {
                 spec.linger_ms,
                 spec.timeout_seconds,
             ),
+            data_format: spec.data_format,
         }
     }
 
@@ -60,7 +62,7 @@ impl KinesisSink {
         let mut sizes = Vec::with_capacity(batch.messages.len());
         let mut entries = Vec::with_capacity(batch.messages.len());
         for m in batch.messages {
-            let data = record_json(batch, m);
+            let data = record_json(batch, m, self.data_format);
             let size = data.len() + batch.connection.len();
             if size > MAX_RECORD_BYTES {
                 // Never dropped: the stream stops here, its status says why.

@@ -11,7 +11,7 @@ mod log;
 mod nats;
 
 use batch::LOG_BATCHING;
-pub use batch::{Batch, Batching, Message, SinkError, Text};
+pub use batch::{Batch, Batching, Message, SinkError, Text, TextArena};
 pub use clients::SinkClients;
 pub use encode::{batch_json, record_json};
 pub use http::{FENCED_HEADER, HttpSink};
@@ -19,7 +19,7 @@ pub use kinesis::KinesisSink;
 pub use log::LogSink;
 pub use nats::{CONNECTION_HEADER, NatsSink, SEQ_HEADER, TOKEN_HEADER, WORKER_HEADER};
 
-use crate::crd::SinkSpec;
+use crate::crd::{DataFormat, SinkSpec};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,6 +76,16 @@ impl Sink {
         match self {
             Self::Log(_) => None,
             _ => Some(self.batching().timeout),
+        }
+    }
+
+    /// How messages travel: a sink that takes them as JSON values is given
+    /// only messages that are JSON (the session checks).
+    pub fn data_format(&self) -> DataFormat {
+        match self {
+            Self::Http(s) => s.data_format,
+            Self::Kinesis(s) => s.data_format,
+            Self::Log(_) | Self::Nats(_) => DataFormat::String,
         }
     }
 

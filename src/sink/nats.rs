@@ -115,7 +115,7 @@ impl NatsSink {
             headers.insert(SEQ_HEADER, m.seq.to_string().as_str());
             crate::telemetry::inject_nats(&mut headers);
             match js
-                .publish_with_headers(self.subject.clone(), headers, m.data.clone().into())
+                .publish_with_headers(self.subject.clone(), headers, m.data.to_bytes())
                 .await
             {
                 Ok(ack) => pending.push(ack),

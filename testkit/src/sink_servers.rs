@@ -19,7 +19,10 @@ pub struct Delivered {
     pub worker: String,
     pub token: u64,
     pub seq: u64,
+    /// The message's text.
     pub data: String,
+    /// It travelled as a JSON value (`json`), not as a string (`data`).
+    pub as_json: bool,
 }
 
 /// Where the installed servers are (overridable for other layouts).
@@ -164,7 +167,15 @@ impl Kinesalite {
                         worker: v["worker"].as_str().unwrap_or_default().into(),
                         token: v["token"].as_u64().unwrap_or_default(),
                         seq: v["seq"].as_u64().unwrap_or_default(),
-                        data: v["data"].as_str().unwrap_or_default().into(),
+                        // A string in `data`, or (`dataFormat: json`) the
+                        // message itself in `json`, kept as its JSON text.
+                        data: match &v["json"] {
+                            serde_json::Value::Null => {
+                                v["data"].as_str().unwrap_or_default().into()
+                            }
+                            value => value.to_string(),
+                        },
+                        as_json: !v["json"].is_null(),
                     });
                 }
                 if page.records().is_empty() || page.millis_behind_latest() == Some(0) {
@@ -301,6 +312,8 @@ impl NatsServer {
                     .unwrap_or_default(),
                 seq: header(tether::sink::SEQ_HEADER).parse().unwrap_or_default(),
                 data: String::from_utf8_lossy(&m.payload).into_owned(),
+                // The payload is the raw message, whatever it is.
+                as_json: false,
             });
             anyhow::ensure!(
                 header("Nats-Msg-Id")

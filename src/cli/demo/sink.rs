@@ -30,6 +30,10 @@ struct Payload {
 #[derive(Deserialize)]
 struct PayloadMessage {
     seq: u64,
+    /// The message as a JSON value (`dataFormat: json`); absent when it
+    /// travels as a string in `data`.
+    #[serde(default)]
+    json: Option<serde_json::Value>,
 }
 
 /// What one stream received.
@@ -42,6 +46,11 @@ pub struct StreamLog {
     /// Messages applied although their token was lower than one already
     /// applied (a stale delivery).
     pub stale_messages: u64,
+    /// Messages that arrived as JSON values (`dataFormat: json`).
+    pub carried_as_json: u64,
+    /// Of those, messages whose own `seq` is not the envelope's: the demo's
+    /// feeds number their messages at `/seq`, so the value must carry it.
+    pub json_mismatched: u64,
     /// Messages with such a token that were refused with the fenced signal
     /// (only while refusing stale tokens): not applied, so not stale.
     pub refused_stale: u64,
@@ -217,6 +226,12 @@ async fn receive(
     log.max_token = log.max_token.max(payload.token);
     for m in &payload.messages {
         *log.seqs.entry(m.seq).or_insert(0) += 1;
+        if let Some(value) = &m.json {
+            log.carried_as_json += 1;
+            if value.get("seq").and_then(serde_json::Value::as_u64) != Some(m.seq) {
+                log.json_mismatched += 1;
+            }
+        }
     }
     log.batches
         .push((Instant::now(), payload.token, payload.worker));

@@ -278,6 +278,7 @@ mod tests {
             max_batch_messages: 10,
             linger_ms: 0,
             timeout_seconds,
+            data_format: Default::default(),
         };
         crate::install_crypto_provider();
         let sink = Sink::Http(crate::sink::HttpSink::new(reqwest::Client::new(), &spec));

@@ -93,6 +93,13 @@ pub(super) fn sequence_of(
     Ok(Some(seq))
 }
 
+/// Whether `text` is one JSON document (what a sink that embeds messages as
+/// JSON values needs), checked without building it.
+pub(super) fn is_json(text: &str) -> bool {
+    let mut de = serde_json::Deserializer::from_str(text);
+    IgnoredAny::deserialize(&mut de).is_ok() && de.end().is_ok()
+}
+
 /// The next counter value: 0 with no checkpoint, else one past it.
 pub(super) fn next_counter(high_water: &mut Option<u64>) -> u64 {
     let next = high_water.map_or(0, |h| h + 1);

@@ -9,14 +9,14 @@
 use super::delivery::{Delivery, Undelivered};
 use super::progress::StreamProgress;
 use super::provenance::{Origin, Provenance, Unverified};
-use super::sequence::{SequencePointer, next_counter, sequence_of};
+use super::sequence::{SequencePointer, is_json, next_counter, sequence_of};
 use super::transport::{CONNECT_TIMEOUT, ConnectError, Dialer, Ws, resume_url};
-use crate::crd::StreamConnectionSpec;
+use crate::crd::{DataFormat, StreamConnectionSpec};
 use crate::egress::HostPolicy;
 use crate::egress::KinesisStreams;
 use crate::lease::{Phase, StreamKey, now_ms};
 use crate::metrics::WorkerMetrics;
-use crate::sink::{Message, Sink, SinkClients};
+use crate::sink::{Message, Sink, SinkClients, TextArena};
 use crate::support::RetryPolicy;
 use crate::worker::fence::Fence;
 use base64::Engine;
@@ -461,8 +461,10 @@ async fn pump(
     let mut intake = Intake {
         key: &cfg.key,
         pointer: pointer.as_ref(),
+        json_only: sink.data_format() == DataFormat::Json,
         high_water: checkpoint,
         batch: Vec::new(),
+        arena: TextArena::default(),
         received: 0,
         bytes: 0,
     };
@@ -542,6 +544,7 @@ async fn pump(
                 return PumpEnd::Ended(u.into());
             }
             lingering = false;
+            intake.arena.release();
             // We did not read while delivering; do not mistake that for a dead peer.
             last_heard = Instant::now();
         }
@@ -556,8 +559,14 @@ async fn pump(
 struct Intake<'a> {
     key: &'a StreamKey,
     pointer: Option<&'a SequencePointer>,
+    /// The sink carries messages as JSON values: a message that is not JSON
+    /// is skipped. With a pointer, finding the sequence number already
+    /// parsed the whole text; without one, it is checked apart.
+    json_only: bool,
     high_water: Option<u64>,
     batch: Vec<Message>,
+    /// The text of the batch's messages (copied out of the frames).
+    arena: TextArena,
     /// Messages and bytes read since the counters were last advanced.
     received: u64,
     bytes: u64,
@@ -575,7 +584,17 @@ impl Intake<'_> {
                 self.received += 1;
                 self.bytes += text.len() as u64;
                 match sequence_of(&text, self.pointer, &mut self.high_water) {
-                    Ok(Some(seq)) => self.batch.push(Message { seq, data: text }),
+                    Ok(Some(seq))
+                        if self.json_only && self.pointer.is_none() && !is_json(&text) =>
+                    {
+                        // The number is used up: the counter follows the
+                        // upstream's messages, taken or not.
+                        self.not_json(seq, metrics);
+                    }
+                    Ok(Some(seq)) => self.batch.push(Message {
+                        seq,
+                        data: self.arena.copy(&text),
+                    }),
                     Ok(None) => {} // a replay of something already acknowledged
                     Err(why) => {
                         metrics
@@ -590,7 +609,10 @@ impl Intake<'_> {
             Some(Ok(WsMessage::Binary(bytes))) => {
                 self.received += 1;
                 self.bytes += bytes.len() as u64;
-                if self.pointer.is_some() {
+                if self.json_only && self.pointer.is_none() {
+                    let seq = next_counter(&mut self.high_water);
+                    self.not_json(seq, metrics);
+                } else if self.pointer.is_some() {
                     metrics
                         .session_errors
                         .get_or_create(&[("kind", "sequence")])
@@ -634,6 +656,15 @@ impl Intake<'_> {
                 message: "connection closed".into(),
             }),
         }
+    }
+
+    /// A message the sink cannot take as JSON: skipped, counted and logged.
+    fn not_json(&self, seq: u64, metrics: &WorkerMetrics) {
+        metrics
+            .session_errors
+            .get_or_create(&[("kind", "not_json")])
+            .inc();
+        tracing::warn!(stream = %self.key, seq, "message is not JSON and the sink takes messages as JSON (dataFormat: json); skipped");
     }
 
     /// Advances the worker's received counters by what was read since last time.
@@ -716,5 +747,62 @@ mod tests {
         );
         drop(session);
         assert_eq!(slot.available_permits(), 1, "dropped: the turn is free");
+    }
+
+    /// A sink that takes messages as JSON values is given only JSON. With a
+    /// counter (no pointer), text that is not JSON and binary messages are
+    /// skipped and counted, each using up its number so the count still
+    /// follows the upstream's messages; with the default format all go.
+    #[test]
+    fn a_json_sink_is_given_only_json_and_a_skipped_message_keeps_its_number() {
+        let key = StreamKey::new("ns", "s");
+        let metrics = WorkerMetrics::default();
+        let frames = || {
+            [
+                WsMessage::Text(r#"{"a":1}"#.into()),
+                WsMessage::Text("not json".into()),
+                WsMessage::Text(r#"{"a":"#.into()),
+                WsMessage::Binary(vec![1u8, 2].into()),
+                WsMessage::Text(" [1, \"x\"] ".into()),
+            ]
+        };
+        for json_only in [true, false] {
+            let mut intake = Intake {
+                key: &key,
+                pointer: None,
+                json_only,
+                high_water: Some(9),
+                batch: Vec::new(),
+                arena: TextArena::default(),
+                received: 0,
+                bytes: 0,
+            };
+            for frame in frames() {
+                assert!(intake.take(Some(Ok(frame)), &metrics).is_none());
+            }
+            let taken: Vec<(u64, String)> = intake
+                .batch
+                .iter()
+                .map(|m| {
+                    (
+                        m.seq,
+                        String::from_utf8(m.data.as_bytes().to_vec()).unwrap(),
+                    )
+                })
+                .collect();
+            if json_only {
+                assert_eq!(
+                    taken,
+                    vec![(10, r#"{"a":1}"#.into()), (14, " [1, \"x\"] ".into())]
+                );
+            } else {
+                assert_eq!(taken.len(), 5, "{taken:?}");
+            }
+        }
+        let skipped = metrics
+            .session_errors
+            .get_or_create(&[("kind", "not_json")])
+            .get();
+        assert_eq!(skipped, 3);
     }
 }

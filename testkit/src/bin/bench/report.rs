@@ -315,6 +315,7 @@ fn markdown(r: &Value) -> String {
             let x = &t[scheme];
             for (client, label) in [
                 ("tether", "tether → HTTP sink (batches ≤ 500)"),
+                ("tether_json", "tether → HTTP sink, `dataFormat: json`"),
                 (
                     "forwarding_floor",
                     "forwarding floor (read, batch ≤ 500, POST raw)",
@@ -330,14 +331,16 @@ fn markdown(r: &Value) -> String {
                     f(&y["load_generator_cpu_cores"])
                 ));
             }
-            md.push_str(&format!(
-                "| {scheme} | tether / forwarding floor (goal ≥ 0.8 per CPU s) | {}× | | {}× | |\n\
-                 | {scheme} | tether / bare read loop | {}× | | {}× | |\n",
-                f(&x["ratio_to_floor_msgs_per_s"]),
-                f(&x["ratio_to_floor_msgs_per_cpu_s"]),
-                f(&x["ratio_msgs_per_s"]),
-                f(&x["ratio_msgs_per_cpu_s"])
-            ));
+            for (prefix, who) in [("", "tether"), ("json_", "tether, json data")] {
+                md.push_str(&format!(
+                    "| {scheme} | {who} / forwarding floor (goal ≥ 0.8 per CPU s) | {}× | | {}× | |\n\
+                     | {scheme} | {who} / bare read loop | {}× | | {}× | |\n",
+                    f(&x[format!("{prefix}ratio_to_floor_msgs_per_s")]),
+                    f(&x[format!("{prefix}ratio_to_floor_msgs_per_cpu_s")]),
+                    f(&x[format!("{prefix}ratio_msgs_per_s")]),
+                    f(&x[format!("{prefix}ratio_msgs_per_cpu_s")])
+                ));
+            }
         }
         md.push('\n');
     }

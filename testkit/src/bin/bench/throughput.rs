@@ -38,12 +38,14 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
     for scheme in ["ws", "wss"] {
         let bare = bare_loop(ctx, scheme, &pins, false).await?;
         let floor = bare_loop(ctx, scheme, &pins, true).await?;
-        let tether = forwarding(ctx, scheme, &pins).await?;
-        let ratio = |k: &str, of: &Value| {
-            round2(tether[k].as_f64().unwrap_or(f64::NAN) / of[k].as_f64().unwrap_or(f64::NAN))
+        let tether = forwarding(ctx, scheme, &pins, "string").await?;
+        let tether_json = forwarding(ctx, scheme, &pins, "json").await?;
+        let ratio = |of: &Value, k: &str, to: &Value| {
+            round2(of[k].as_f64().unwrap_or(f64::NAN) / to[k].as_f64().unwrap_or(f64::NAN))
         };
         for (who, x) in [
             ("tether → HTTP sink", &tether),
+            ("tether, json data", &tether_json),
             ("forwarding floor", &floor),
             ("bare read loop", &bare),
         ] {
@@ -52,23 +54,35 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
                 x["msgs_per_s"], x["msgs_per_cpu_s"], x["cpu_cores"], x["load_generator_cpu_cores"]
             );
         }
-        let (floor_cpu, floor_s) = (ratio("msgs_per_cpu_s", &floor), ratio("msgs_per_s", &floor));
-        let (per_cpu, per_s) = (ratio("msgs_per_cpu_s", &bare), ratio("msgs_per_s", &bare));
-        println!(
-            "throughput {scheme:<3} tether / forwarding floor: {floor_cpu:.2}× msg per CPU s (goal ≥ 0.8), {floor_s:.2}× msg/s; tether / bare read loop: {per_cpu:.2}× per CPU s"
-        );
-        out.insert(
-            scheme.into(),
-            json!({
-                "tether": tether,
-                "forwarding_floor": floor,
-                "bare": bare,
-                "ratio_to_floor_msgs_per_cpu_s": floor_cpu,
-                "ratio_to_floor_msgs_per_s": floor_s,
-                "ratio_msgs_per_cpu_s": per_cpu,
-                "ratio_msgs_per_s": per_s,
-            }),
-        );
+        let mut figures = json!({
+            "tether": tether,
+            "tether_json": tether_json,
+            "forwarding_floor": floor,
+            "bare": bare,
+        });
+        for (client, prefix) in [("tether", ""), ("tether_json", "json_")] {
+            let x = &figures[client];
+            let (floor_cpu, floor_s) = (
+                ratio(x, "msgs_per_cpu_s", &floor),
+                ratio(x, "msgs_per_s", &floor),
+            );
+            let (per_cpu, per_s) = (
+                ratio(x, "msgs_per_cpu_s", &bare),
+                ratio(x, "msgs_per_s", &bare),
+            );
+            println!(
+                "throughput {scheme:<3} {client} / forwarding floor: {floor_cpu:.2}× msg per CPU s (goal ≥ 0.8), {floor_s:.2}× msg/s; / bare read loop: {per_cpu:.2}× per CPU s"
+            );
+            for (k, v) in [
+                ("ratio_to_floor_msgs_per_cpu_s", floor_cpu),
+                ("ratio_to_floor_msgs_per_s", floor_s),
+                ("ratio_msgs_per_cpu_s", per_cpu),
+                ("ratio_msgs_per_s", per_s),
+            ] {
+                figures[format!("{prefix}{k}")] = json!(v);
+            }
+        }
+        out.insert(scheme.into(), figures);
     }
     out.insert("sessions".into(), json!(sessions));
     out.insert("message_bytes".into(), json!(MESSAGE_BYTES));
@@ -81,8 +95,13 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
 }
 
 /// tether: `sessions` streams on one worker, the HTTP sink counting what it
-/// acknowledged.
-async fn forwarding(ctx: &Ctx, scheme: &str, pins: &Pins) -> anyhow::Result<Value> {
+/// acknowledged; `data_format` is the sink's (`string` or `json`).
+async fn forwarding(
+    ctx: &Ctx,
+    scheme: &str,
+    pins: &Pins,
+    data_format: &str,
+) -> anyhow::Result<Value> {
     let bed = idle_bed(ctx).await?;
     let (blaster, ca) = blaster(&bed, scheme).await?;
     let sink = CountingSink::start(loopback()).await?;
@@ -91,7 +110,7 @@ async fn forwarding(ctx: &Ctx, scheme: &str, pins: &Pins) -> anyhow::Result<Valu
         let spec: StreamConnectionSpec = serde_json::from_value(json!({
             "url": blaster.url(&name),
             "sequence": {"pointer": "/seq"},
-            "sink": {"http": {"url": sink.url(), "maxBatchMessages": 500, "lingerMs": 5}},
+            "sink": {"http": {"url": sink.url(), "maxBatchMessages": 500, "lingerMs": 5, "dataFormat": data_format}},
         }))?;
         bed.apply_spec(&name, &spec, 1).await?;
     }
