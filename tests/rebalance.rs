@@ -53,8 +53,8 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
     .await
     .unwrap();
 
-    // Half the excess moves at a time, so 11/10/9 is a step on the way, not
-    // the end: 30 streams on three workers settle at exactly 10 each.
+    // 30 streams on three workers settle at exactly 10 each (the whole
+    // excess moves at once; no worker ends above the share).
     let mut c = bed.fleet.spawn("c").unwrap();
     Bed::wait(
         Duration::from_secs(30),
@@ -74,12 +74,31 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
     let metrics = c.metrics().await.unwrap();
     assert!(metrics.contains("tether_live_workers 3"), "{metrics}");
 
+    // A fourth worker: 30 over 4 is 7.5. The fair share (the ceiling, 8)
+    // alone would stop at 8/8/8/6, nobody being above it; the fleet ends
+    // with 7 or 8 each.
+    let _d = bed.fleet.spawn("d").unwrap();
+    Bed::wait(
+        Duration::from_secs(30),
+        "four workers hold 7 or 8 each",
+        || async {
+            let load = load(&bed).await;
+            let open = bed.upstream.open_sessions();
+            load.len() == 4
+                && load.values().all(|n| (7..=8).contains(n))
+                && open.len() == 30
+                && open.values().all(|n| *n == 1)
+        },
+    )
+    .await
+    .unwrap();
+
     c.signal(Signal::SIGTERM).unwrap();
     assert!(c.wait(Duration::from_secs(10)).await.unwrap().success());
     Bed::wait(
         Duration::from_secs(30),
-        "the remaining two share the streams",
-        || balanced(15, 2, 1),
+        "the remaining three share the streams",
+        || balanced(10, 3, 1),
     )
     .await
     .unwrap();

@@ -7,8 +7,9 @@
 //! `ceil((streams held by live workers + orphans) / live workers)`. A worker
 //! below its share acquires first; one above it acquires only orphans nobody
 //! else picked up for a while (availability beats balance) and hands its excess
-//! over, a few at a time, by release — but only while some peer is below its
-//! share, so a stable fleet never churns.
+//! over by release — but only while some peer is below its share, so a stable
+//! fleet never churns; and, when the ceiling would stop short of balance, about
+//! as many more as the workers below the floor still lack.
 
 use crate::lease::{Incarnation, ReleaseReason, StreamRecord};
 
@@ -49,6 +50,35 @@ impl FleetView {
     pub(super) fn peer_below(&self, fair: u64) -> bool {
         self.peers.iter().any(|p| p.progressing && p.held < fair)
     }
+
+    /// One more stream to hand over, beyond the excess over the fair share
+    /// (the ceiling), when the fleet would otherwise stop short of balance:
+    /// 30 streams on 4 workers settle at 8/8/8/6 by the ceiling alone, as
+    /// nobody holds more than 8, though a balanced fleet holds 7 or 8 each.
+    /// When peers below the floor lack more than the whole fleet's excess
+    /// will give them, each worker at or above the ceiling hands one more
+    /// over with probability `lacking / such workers` (`roll` uniform in
+    /// [0, 1)), so about as many move as are lacking: releasing one each
+    /// would move a stream per worker in a large fleet to fill one
+    /// newcomer. A stream released too many is taken by a worker below the
+    /// ceiling, which every releaser then is: nothing goes above it.
+    pub(super) fn extra_handoff(&self, held: u64, roll: f64) -> u64 {
+        let progressing = || self.peers.iter().filter(|p| p.progressing);
+        let total = held + progressing().map(|p| p.held).sum::<u64>();
+        let live = self.live() as u64;
+        let (floor, ceiling) = (total / live, total.div_ceil(live));
+        if floor == ceiling || held < ceiling {
+            return 0;
+        }
+        let below_floor: u64 = progressing().map(|p| floor.saturating_sub(p.held)).sum();
+        let excess: u64 = held.saturating_sub(ceiling)
+            + progressing()
+                .map(|p| p.held.saturating_sub(ceiling))
+                .sum::<u64>();
+        let lacking = below_floor.saturating_sub(excess);
+        let givers = 1 + progressing().filter(|p| p.held >= ceiling).count() as u64;
+        u64::from(lacking > 0 && roll * (givers as f64) < lacking as f64)
+    }
 }
 
 /// `ceil(streams / workers)`.
@@ -56,13 +86,17 @@ pub(super) fn fair_share(streams: u64, workers: usize) -> u64 {
     streams.div_ceil(workers.max(1) as u64)
 }
 
-/// How many streams to hand over now: half the excess (rounded up), so a large
-/// imbalance converges in a few steps without moving everything at once.
+/// How many streams to hand over now: the whole excess over the fair share.
+/// Moving it all at once cannot overshoot: the fair share is the ceiling of
+/// the mean, so the fleet's excess never exceeds what the workers below it
+/// lack, and those take released streams first. (Half the excess at a time,
+/// as before, took three rounds two heartbeats apart for a worker joining
+/// two, ~22 s.) Connect pacing still spreads the new sessions.
 pub(super) fn handoff_count(held: u64, fair: u64, peer_below: bool) -> u64 {
     if !peer_below || held <= fair {
         return 0;
     }
-    (held - fair).div_ceil(2)
+    held - fair
 }
 
 /// Why a stream is without an owner, which decides who should take it.
@@ -166,10 +200,38 @@ mod tests {
         // Two workers with 15 each; a third joins with 0.
         let v = view(&[15, 0]);
         assert_eq!(v.fair_share(15, 0), 10);
-        assert_eq!(handoff_count(15, 10, v.peer_below(10)), 3);
-        assert_eq!(handoff_count(12, 10, true), 1);
+        assert_eq!(handoff_count(15, 10, v.peer_below(10)), 5);
+        assert_eq!(handoff_count(12, 10, true), 2);
         assert_eq!(handoff_count(11, 10, true), 1);
         assert_eq!(handoff_count(10, 10, true), 0);
+        // 30 over 3: the mean is whole, nothing beyond the excess.
+        assert_eq!(v.extra_handoff(15, 0.0), 0);
+    }
+
+    #[test]
+    fn a_fleet_stopped_short_of_balance_by_the_ceiling_moves_about_what_is_lacking() {
+        // 30 streams, 4 workers: floor 7, ceiling 8. Three hold 10 and a
+        // newcomer 0: the excess (3 × 2) leaves it 1 short of the floor, so
+        // each of the three hands one more over with probability 1/3.
+        let joined = view(&[10, 10, 0]);
+        assert_eq!(handoff_count(10, joined.fair_share(10, 0), true), 2);
+        assert_eq!(joined.extra_handoff(10, 0.3), 1);
+        assert_eq!(joined.extra_handoff(10, 0.34), 0);
+        // Stopped at 8/8/8/6: one lacking, three at the ceiling.
+        let short = view(&[8, 8, 6]);
+        assert_eq!(handoff_count(8, short.fair_share(8, 0), true), 0);
+        assert_eq!(short.extra_handoff(8, 0.3), 1);
+        assert_eq!(short.extra_handoff(8, 0.5), 0);
+        // Balanced (8/8/7/7): nothing, whoever asks.
+        let balanced = view(&[8, 7, 7]);
+        assert_eq!(balanced.extra_handoff(8, 0.0), 0);
+        assert_eq!(view(&[8, 8, 7]).extra_handoff(7, 0.0), 0);
+        // Below the ceiling itself: never a giver.
+        assert_eq!(short.extra_handoff(6, 0.0), 0);
+        // 25 over 4 at 7/7/7/4: two lacking, three givers, 2/3 each.
+        let two_short = view(&[7, 7, 4]);
+        assert_eq!(two_short.extra_handoff(7, 0.6), 1);
+        assert_eq!(two_short.extra_handoff(7, 0.7), 0);
     }
 
     #[test]

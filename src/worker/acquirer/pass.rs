@@ -488,7 +488,8 @@ impl Acquirer {
         }
         let staying = self.registry.staying() as u64;
         let fair = self.view.fair_share(staying, 0);
-        let count = handoff_count(staying, fair, self.view.peer_below(fair));
+        let count = handoff_count(staying, fair, self.view.peer_below(fair))
+            + self.view.extra_handoff(staying, rand::random::<f64>());
         if count == 0 {
             return;
         }

@@ -4,7 +4,7 @@
 //! loopback (the 100,000-stream run is a lease-only simulation in one process,
 //! through a capacity model of DynamoDB partitions).
 //!
-//!   scripts/bench [all|failover|rolling|chaos|cost|scale|restart|controller|sessions|storm|throughput|sinks] [--quick] [--seed N]
+//!   scripts/bench [all|failover|rolling|join|chaos|cost|scale|restart|controller|sessions|storm|throughput|sinks] [--quick] [--seed N]
 //!
 //! Prints a table and writes JSON + Markdown under bench/results/.
 
@@ -13,6 +13,7 @@ mod controller;
 mod cost;
 mod designs;
 mod failover;
+mod join;
 mod report;
 mod restart;
 mod rolling;
@@ -202,6 +203,10 @@ async fn main() -> anyhow::Result<()> {
     }
     if all || which == "rolling" {
         results.insert("rolling_restart".into(), rolling::run(&ctx).await?);
+        save(&ctx, &results, started, &which)?;
+    }
+    if all || which == "join" {
+        results.insert("join".into(), join::run(&ctx).await?);
         save(&ctx, &results, started, &which)?;
     }
     if all || which == "chaos" {

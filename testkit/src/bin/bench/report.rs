@@ -129,6 +129,27 @@ fn markdown(r: &Value) -> String {
         }
         md.push('\n');
     }
+    if let Some(j) = res.get("join").and_then(Value::as_object) {
+        md.push_str("## A worker joining a balanced fleet (30 streams on 2 or 3 workers, one more starts; share 10, or 7.5 ± 1)\n\n| design, workers | newcomer at its share, s | every worker at its share, s | sessions opened | overlaps | loads at the end (newcomer / others) |\n|---|---|---|---|---|---|\n");
+        for (design, x) in j {
+            let or_not = |v: &Value| {
+                if v.is_null() {
+                    format!("not within {} s", f(&x["limit_s"]))
+                } else {
+                    f(v)
+                }
+            };
+            md.push_str(&format!(
+                "| {design} | {} | {} | {} | {} | {} |\n",
+                or_not(&x["newcomer_at_share_s"]),
+                or_not(&x["fleet_balanced_s"]),
+                x["sessions_opened"],
+                x["overlapping_sessions"],
+                x["final_loads"].as_str().unwrap_or("-")
+            ));
+        }
+        md.push('\n');
+    }
     if let Some(c) = res.get("chaos") {
         md.push_str(&format!(
             "## Chaos soak (seed {}, {:.0} s, {} streams, {} workers, lease {} s, zero-based feed)\n\nEvents: {}. Throttled requests: {}.\n\n\
