@@ -77,10 +77,11 @@ pub enum DataFormat {
     /// is base64.
     #[default]
     String,
-    /// `"json": <the text itself>`: only messages that are valid JSON are
-    /// forwarded (with a sequence pointer every message already must be); a
-    /// message that is not, or a binary one, is skipped with a warning and
-    /// counted (`tether_session_errors_total{kind="not_json"}`).
+    /// `"json": <the text itself>`: only messages that JSON parsers take as
+    /// a value are forwarded (no number out of range, no lone surrogate
+    /// escape, at most 120 levels deep); any other message is skipped with a
+    /// warning and counted (`tether_session_errors_total{kind="not_json"}`;
+    /// a binary message with a sequence pointer, as always, `kind="sequence"`).
     Json,
 }
 

@@ -11,6 +11,10 @@ pub(super) const RENEW_RETRY: Duration = Duration::from_millis(500);
 pub(super) const PEER_SILENCE_HEARTBEATS: u32 = 3;
 /// Minimum time between two rebalancing handoffs of one worker, in heartbeats.
 pub(super) const HANDOFF_COOLDOWN_HEARTBEATS: u32 = 2;
+/// A worker hands an extra stream over (below the floor of the mean, see
+/// `fair_share::FleetView::extra_handoff`) at most once per this many handoff
+/// cooldowns.
+pub(super) const EXTRA_HANDOFF_COOLDOWNS: u32 = 4;
 /// Above its fair share, a worker leaves streams released on shutdown (or
 /// never owned) this many reconcile intervals to workers below it.
 pub(super) const SHARE_GRACE_INTERVALS: u32 = 2;

@@ -107,7 +107,8 @@ pub(super) enum Orphan {
     /// Released by an owner that shut down, `age_ms` ago.
     Released { age_ms: u64 },
     /// Released by an owner to rebalance the fleet, `age_ms` ago.
-    Rebalanced { age_ms: u64 },
+    /// `by_me` when this incarnation released it.
+    Rebalanced { by_me: bool, age_ms: u64 },
     /// Released because the resource asked for another worker, `age_ms` ago;
     /// `by_me` when this incarnation released it.
     Moved { by_me: bool, age_ms: u64 },
@@ -127,7 +128,10 @@ pub(super) fn classify_free(r: &StreamRecord, now_ms: u64, me: &Incarnation) -> 
     }
     let age_ms = since(r.released_at_ms);
     match r.release_reason {
-        Some(ReleaseReason::Rebalance) => Orphan::Rebalanced { age_ms },
+        Some(ReleaseReason::Rebalance) => Orphan::Rebalanced {
+            by_me: r.lease_owner.as_deref() == Some(me.as_str()),
+            age_ms,
+        },
         Some(ReleaseReason::Moved) => Orphan::Moved {
             by_me: r.lease_owner.as_deref() == Some(me.as_str()),
             age_ms,
@@ -159,13 +163,24 @@ impl AcquirePolicy {
         if let Orphan::Moved { by_me, age_ms } = orphan {
             return !by_me || age_ms >= self.rebalance_grace_ms;
         }
+        // Nor does a stream let go to rebalance go straight back: its
+        // releaser may be below the share right after (the extra handoff
+        // leaves it one under the ceiling), and taking it back would have
+        // moved a stream for nothing.
+        if let Orphan::Rebalanced {
+            by_me: true,
+            age_ms,
+        } = orphan
+        {
+            return age_ms >= self.rebalance_grace_ms;
+        }
         if self.below_share.is_none_or(|n| n > 0) {
             return true;
         }
         match orphan {
             Orphan::Crashed => true,
             Orphan::Released { age_ms } | Orphan::New { age_ms } => age_ms >= self.share_grace_ms,
-            Orphan::Rebalanced { age_ms } => age_ms >= self.rebalance_grace_ms,
+            Orphan::Rebalanced { age_ms, .. } => age_ms >= self.rebalance_grace_ms,
             Orphan::Moved { .. } => true,
         }
     }
@@ -295,8 +310,37 @@ mod tests {
         r.release_reason = Some(ReleaseReason::Rebalance);
         assert_eq!(
             classify_free(&r, 1_500, &me),
-            Orphan::Rebalanced { age_ms: 500 }
+            Orphan::Rebalanced {
+                by_me: true,
+                age_ms: 500
+            }
         );
+        assert_eq!(
+            classify_free(&r, 1_500, &Incarnation::new("b")),
+            Orphan::Rebalanced {
+                by_me: false,
+                age_ms: 500
+            }
+        );
+    }
+
+    #[test]
+    fn a_stream_let_go_to_rebalance_does_not_go_straight_back() {
+        let p = AcquirePolicy {
+            below_share: Some(1),
+            share_grace_ms: 1000,
+            rebalance_grace_ms: 2000,
+        };
+        let mine = |age_ms| Orphan::Rebalanced {
+            by_me: true,
+            age_ms,
+        };
+        assert!(!p.allows(mine(0)), "below the share, but it let it go");
+        assert!(p.allows(mine(2000)), "nobody else took it");
+        assert!(p.allows(Orphan::Rebalanced {
+            by_me: false,
+            age_ms: 0
+        }));
     }
 
     #[test]
@@ -306,12 +350,21 @@ mod tests {
             share_grace_ms: 1000,
             rebalance_grace_ms: 2000,
         };
-        assert!(p.allows(Orphan::Rebalanced { age_ms: 0 }));
+        assert!(p.allows(Orphan::Rebalanced {
+            by_me: false,
+            age_ms: 0
+        }));
         p.take();
-        assert!(!p.allows(Orphan::Rebalanced { age_ms: 0 }));
+        assert!(!p.allows(Orphan::Rebalanced {
+            by_me: false,
+            age_ms: 0
+        }));
         assert!(!p.allows(Orphan::New { age_ms: 10 }));
         assert!(p.allows(Orphan::Released { age_ms: 1000 }));
-        assert!(!p.allows(Orphan::Rebalanced { age_ms: 1999 }));
+        assert!(!p.allows(Orphan::Rebalanced {
+            by_me: false,
+            age_ms: 1999
+        }));
         assert!(
             p.allows(Orphan::Crashed),
             "crashed streams are never left waiting"

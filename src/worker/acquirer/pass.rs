@@ -17,8 +17,8 @@ use crate::lease::{
 };
 use crate::worker::fence::Fence;
 use crate::worker::settings::{
-    AUDIT_HEARTBEATS, CONTROL_SWEEP_AUDITS, HANDOFF_COOLDOWN_HEARTBEATS, REBALANCE_GRACE_INTERVALS,
-    SHARE_GRACE_INTERVALS, UNOWNED_SCAN_PERIOD,
+    AUDIT_HEARTBEATS, CONTROL_SWEEP_AUDITS, EXTRA_HANDOFF_COOLDOWNS, HANDOFF_COOLDOWN_HEARTBEATS,
+    REBALANCE_GRACE_INTERVALS, SHARE_GRACE_INTERVALS, UNOWNED_SCAN_PERIOD,
 };
 use crate::worker::shared::Shared;
 use crate::worker::stream::StreamProgress;
@@ -89,6 +89,11 @@ pub(crate) struct Acquirer {
     /// Audits done so far (which share of the held streams the next one re-reads).
     pub(super) audits: u64,
     pub(super) last_handoff: Option<Instant>,
+    /// When an extra stream (beyond the excess) was last handed over.
+    pub(super) last_extra_handoff: Option<Instant>,
+    /// When a peer was last seen releasing streams (its `released_at_ms`
+    /// moved): the loads this worker sees are stale until it heartbeats.
+    pub(super) last_peer_release: Option<Instant>,
     /// When this worker last acquired something.
     pub(super) last_acquired: Option<Instant>,
     pub(super) pacing: super::pacing::Pacing,
@@ -130,6 +135,8 @@ impl Acquirer {
             last_audit: Instant::now(),
             audits: 0,
             last_handoff: None,
+            last_extra_handoff: None,
+            last_peer_release: None,
             last_acquired: None,
             pacing: super::pacing::Pacing::default(),
             reported: HashSet::new(),
@@ -211,8 +218,17 @@ impl Acquirer {
         let mut seen = HashMap::new();
         for w in workers {
             let now = (w.state, w.released_at_ms, w.draining);
-            if w.incarnation != self.me && self.markers.get(&w.incarnation) != Some(&now) {
-                changed = true;
+            if w.incarnation != self.me {
+                match self.markers.get(&w.incarnation) {
+                    Some(before) if *before == now => {}
+                    Some(before) => {
+                        changed = true;
+                        if before.1 != now.1 {
+                            self.last_peer_release = Some(Instant::now());
+                        }
+                    }
+                    None => changed = true,
+                }
             }
             seen.insert(w.incarnation.clone(), now);
         }
@@ -440,7 +456,7 @@ impl Acquirer {
         match c.orphan {
             Orphan::Crashed => {}
             Orphan::Released { age_ms }
-            | Orphan::Rebalanced { age_ms }
+            | Orphan::Rebalanced { age_ms, .. }
             | Orphan::Moved { age_ms, .. }
                 if age_ms != u64::MAX =>
             {
@@ -488,8 +504,33 @@ impl Acquirer {
         }
         let staying = self.registry.staying() as u64;
         let fair = self.view.fair_share(staying, 0);
-        let count = handoff_count(staying, fair, self.view.peer_below(fair))
-            + self.view.extra_handoff(staying, rand::random::<f64>());
+        let excess = handoff_count(staying, fair, self.view.peer_below(fair));
+        // The extra stream is rolled for together with this worker's own
+        // excess (one roll per handoff, which has its cooldown); otherwise
+        // only on loads no release has made stale (a peer's release moves
+        // its marker at once, its load at its next heartbeat), so workers do
+        // not roll again after someone else's extra stream already went, and
+        // at most once per EXTRA_HANDOFF_COOLDOWNS cooldowns, so a peer that
+        // stays below the floor whatever it is given (its own connection
+        // limit) costs a stream move that rarely, not every pass.
+        let settled = self.last_peer_release.is_none_or(|t| {
+            t.elapsed()
+                >= self.ctx.settings.heartbeat_interval + self.ctx.settings.reconcile_interval
+        });
+        let extra_due = excess > 0
+            || (settled
+                && self
+                    .last_extra_handoff
+                    .is_none_or(|t| t.elapsed() >= cooldown * EXTRA_HANDOFF_COOLDOWNS));
+        let extra = if extra_due {
+            self.view.extra_handoff(staying, rand::random::<f64>())
+        } else {
+            0
+        };
+        if extra > 0 {
+            self.last_extra_handoff = Some(Instant::now());
+        }
+        let count = excess + extra;
         if count == 0 {
             return;
         }

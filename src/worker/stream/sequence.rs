@@ -56,13 +56,24 @@ impl SequencePointer {
     }
 
     /// The unsigned integer at the pointer in `text`; `Ok(None)` when the
-    /// document has none there, `Err` when `text` is not JSON.
-    pub(super) fn u64_in(&self, text: &str) -> Result<Option<u64>, serde_json::Error> {
+    /// document has none there, `Err` when `text` is not JSON (with
+    /// `embeddable`, not JSON every parser takes: see
+    /// [`is_embeddable_json`], checked in the same pass).
+    pub(super) fn u64_in(
+        &self,
+        text: &str,
+        embeddable: bool,
+    ) -> Result<Option<u64>, serde_json::Error> {
+        let skip = if embeddable {
+            Skip::Values(MAX_EMBEDDED_DEPTH)
+        } else {
+            Skip::Grammar
+        };
         let mut de = serde_json::Deserializer::from_str(text);
         let found = match &self.tokens {
-            Some(tokens) => At(tokens).deserialize(&mut de)?,
+            Some(tokens) => At { tokens, skip }.deserialize(&mut de)?,
             None => {
-                IgnoredAny::deserialize(&mut de)?;
+                skip.value(&mut de)?;
                 None
             }
         };
@@ -71,21 +82,40 @@ impl SequencePointer {
     }
 }
 
+/// Why a message has no sequence number to go by.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Unsequenced {
+    /// JSON by the grammar, but not a value every parser takes, for a sink
+    /// that embeds messages as values.
+    NotEmbeddable,
+    /// Not JSON, or no unsigned integer at the pointer.
+    Unusable(String),
+}
+
 /// The sequence number of a message: at the pointer, or the next counter
 /// value. `Ok(None)` for a replay at or below what was already taken; with no
 /// checkpoint, every sequence number (0 included) is new.
+/// With `embeddable`, the text must also be a value every parser takes; with
+/// a pointer that is checked in the parse that finds the number.
 pub(super) fn sequence_of(
     text: &str,
     pointer: Option<&SequencePointer>,
     high_water: &mut Option<u64>,
-) -> Result<Option<u64>, String> {
+    embeddable: bool,
+) -> Result<Option<u64>, Unsequenced> {
     let Some(pointer) = pointer else {
         return Ok(Some(next_counter(high_water)));
     };
-    let seq = pointer
-        .u64_in(text)
-        .map_err(|e| format!("not JSON: {e}"))?
-        .ok_or_else(|| format!("no unsigned integer at {}", pointer.text))?;
+    let seq = match pointer.u64_in(text, embeddable) {
+        Ok(found) => found,
+        // Refused by the stricter check alone: said apart (rare, so the
+        // second parse costs nothing that matters).
+        Err(_) if embeddable && pointer.u64_in(text, false).is_ok() => {
+            return Err(Unsequenced::NotEmbeddable);
+        }
+        Err(e) => return Err(Unsequenced::Unusable(format!("not JSON: {e}"))),
+    }
+    .ok_or_else(|| Unsequenced::Unusable(format!("no unsigned integer at {}", pointer.text)))?;
     if high_water.is_some_and(|h| seq <= h) {
         return Ok(None);
     }
@@ -93,11 +123,81 @@ pub(super) fn sequence_of(
     Ok(Some(seq))
 }
 
-/// Whether `text` is one JSON document (what a sink that embeds messages as
-/// JSON values needs), checked without building it.
-pub(super) fn is_json(text: &str) -> bool {
+/// Deepest nesting a message embedded as a JSON value may have: consumers'
+/// parsers commonly stop at 128 levels (serde_json does), and the body adds
+/// up to three around the message.
+pub(super) const MAX_EMBEDDED_DEPTH: u32 = 120;
+
+/// Whether `text` is a JSON document that JSON parsers take as a value, for a
+/// sink that embeds messages as values: what the grammar allows (serde_json's
+/// skipping checks only that) and also no number out of range, no lone
+/// surrogate escape, no nesting beyond [`MAX_EMBEDDED_DEPTH`]. A message a
+/// consumer's parser refuses would make the whole batch refused, again and
+/// again. Checked without building the value.
+pub(super) fn is_embeddable_json(text: &str) -> bool {
     let mut de = serde_json::Deserializer::from_str(text);
-    IgnoredAny::deserialize(&mut de).is_ok() && de.end().is_ok()
+    Embeddable(MAX_EMBEDDED_DEPTH).deserialize(&mut de).is_ok() && de.end().is_ok()
+}
+
+/// Visits every value as a parser building it would (numbers converted,
+/// strings unescaped), `.0` levels of nesting still allowed.
+struct Embeddable(u32);
+
+impl<'de> DeserializeSeed<'de> for Embeddable {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<(), D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Embeddable {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let inner = self.nested()?;
+        while seq.next_element_seed(Embeddable(inner))?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let inner = self.nested()?;
+        while map.next_key_seed(Embeddable(inner))?.is_some() {
+            map.next_value_seed(Embeddable(inner))?;
+        }
+        Ok(())
+    }
+}
+
+impl Embeddable {
+    fn nested<E: serde::de::Error>(&self) -> Result<u32, E> {
+        self.0
+            .checked_sub(1)
+            .ok_or_else(|| E::custom("nested too deeply to embed"))
+    }
 }
 
 /// The next counter value: 0 with no checkpoint, else one past it.
@@ -107,8 +207,45 @@ pub(super) fn next_counter(high_water: &mut Option<u64>) -> u64 {
     next
 }
 
+/// How the parts of a document off the pointer's path are checked: by the
+/// grammar only (serde_json's skipping), or as values every parser takes,
+/// with the nesting still allowed.
+#[derive(Clone, Copy)]
+enum Skip {
+    Grammar,
+    Values(u32),
+}
+
+impl Skip {
+    /// The check one level further in.
+    fn nested<E: serde::de::Error>(self) -> Result<Self, E> {
+        match self {
+            Self::Grammar => Ok(Self::Grammar),
+            Self::Values(depth) => Embeddable(depth).nested().map(Self::Values),
+        }
+    }
+
+    fn value<'de, D: Deserializer<'de>>(self, de: D) -> Result<(), D::Error> {
+        match self {
+            Self::Grammar => IgnoredAny::deserialize(de).map(|_| ()),
+            Self::Values(depth) => Embeddable(depth).deserialize(de),
+        }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Skip {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<(), D::Error> {
+        self.value(de)
+    }
+}
+
 /// The value at the remaining tokens of the pointer, as an unsigned integer.
-struct At<'p>(&'p [Token]);
+struct At<'p> {
+    tokens: &'p [Token],
+    skip: Skip,
+}
 
 impl<'de> DeserializeSeed<'de> for At<'_> {
     type Value = Option<u64>;
@@ -126,7 +263,7 @@ impl<'de> Visitor<'de> for At<'_> {
     }
 
     fn visit_u64<E>(self, v: u64) -> Result<Option<u64>, E> {
-        Ok(self.0.is_empty().then_some(v))
+        Ok(self.tokens.is_empty().then_some(v))
     }
     fn visit_i64<E>(self, _: i64) -> Result<Option<u64>, E> {
         Ok(None)
@@ -145,27 +282,39 @@ impl<'de> Visitor<'de> for At<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<u64>, A::Error> {
+        let skip = self.skip.nested()?;
+        let next = At {
+            tokens: self.tokens.get(1..).unwrap_or_default(),
+            skip,
+        };
         let mut found = None;
-        while let Some(hit) = map.next_key_seed(KeyIs(self.0.first().map(|t| t.key.as_str())))? {
+        while let Some(hit) =
+            map.next_key_seed(KeyIs(self.tokens.first().map(|t| t.key.as_str())))?
+        {
             if hit {
                 // A later duplicate replaces an earlier one, as in a `Value`.
-                found = map.next_value_seed(At(&self.0[1..]))?;
+                found = map.next_value_seed(At { ..next })?;
             } else {
-                map.next_value::<IgnoredAny>()?;
+                map.next_value_seed(skip)?;
             }
         }
         Ok(found)
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<u64>, A::Error> {
-        let wanted = self.0.first().and_then(|t| t.index);
+        let skip = self.skip.nested()?;
+        let next = At {
+            tokens: self.tokens.get(1..).unwrap_or_default(),
+            skip,
+        };
+        let wanted = self.tokens.first().and_then(|t| t.index);
         let mut found = None;
         let mut i = 0;
         loop {
             let more = if Some(i) == wanted {
-                seq.next_element_seed(At(&self.0[1..]))?.map(|v| found = v)
+                seq.next_element_seed(At { ..next })?.map(|v| found = v)
             } else {
-                seq.next_element::<IgnoredAny>()?.map(|_| ())
+                seq.next_element_seed(skip)?
             };
             if more.is_none() {
                 return Ok(found);
@@ -205,12 +354,66 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_json_every_parser_takes_is_embedded() {
+        for good in [
+            r#"{"a":[1,2.5,-3,1e300,"\u00e9\ud83d\ude00",null,true]}"#,
+            " 17 ",
+            r#""s""#,
+        ] {
+            assert!(is_embeddable_json(good), "{good}");
+        }
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(is_embeddable_json(&deep(MAX_EMBEDDED_DEPTH as usize)));
+        for bad in [
+            r#"{"x":"\ud800"}"#.to_string(),
+            r#"{"x":"\udc00"}"#.into(),
+            "1e400".into(),
+            "[1,]".into(),
+            "{} x".into(),
+            "\"a\u{1}b\"".into(),
+            r#""\q""#.into(),
+            "".into(),
+            "\u{feff}{}".into(),
+            deep(MAX_EMBEDDED_DEPTH as usize + 1),
+        ] {
+            assert!(!is_embeddable_json(&bad), "{bad:?}");
+        }
+        // With a pointer the same check is made in the parse that finds the
+        // number, and a refusal by it alone is told apart.
+        let seq = SequencePointer::new("/seq");
+        let mut hw = None;
+        for (doc, expected) in [
+            (r#"{"x":"\ud800","seq":1}"#, Err(Unsequenced::NotEmbeddable)),
+            (r#"{"seq":2,"x":[1e400]}"#, Err(Unsequenced::NotEmbeddable)),
+            (r#"{"seq":3,"x":"\ud83d\ude00"}"#, Ok(Some(3))),
+        ] {
+            assert_eq!(
+                sequence_of(doc, Some(&seq), &mut hw, true),
+                expected,
+                "{doc}"
+            );
+            // By the grammar alone, each has its number.
+            assert!(seq.u64_in(doc, false).unwrap().is_some(), "{doc}");
+        }
+        let nested = format!(r#"{{"seq":4,"x":{}}}"#, deep(MAX_EMBEDDED_DEPTH as usize));
+        assert_eq!(
+            sequence_of(&nested, Some(&seq), &mut hw, true),
+            Err(Unsequenced::NotEmbeddable),
+            "the object itself is one level"
+        );
+        assert!(matches!(
+            sequence_of("{", Some(&seq), &mut hw, true),
+            Err(Unsequenced::Unusable(_))
+        ));
+    }
+
+    #[test]
     fn counter_sequences_start_at_zero_and_continue_from_a_checkpoint() {
         let mut none = None;
-        assert_eq!(sequence_of("x", None, &mut none), Ok(Some(0)));
-        assert_eq!(sequence_of("y", None, &mut none), Ok(Some(1)));
+        assert_eq!(sequence_of("x", None, &mut none, false), Ok(Some(0)));
+        assert_eq!(sequence_of("y", None, &mut none, false), Ok(Some(1)));
         let mut hw = Some(41);
-        assert_eq!(sequence_of("x", None, &mut hw), Ok(Some(42)));
+        assert_eq!(sequence_of("x", None, &mut hw, false), Ok(Some(42)));
     }
 
     #[test]
@@ -218,13 +421,16 @@ mod tests {
         let seq = SequencePointer::new("/seq");
         let mut hw = None;
         assert_eq!(
-            sequence_of(r#"{"seq":0}"#, Some(&seq), &mut hw),
+            sequence_of(r#"{"seq":0}"#, Some(&seq), &mut hw, false),
             Ok(Some(0))
         );
-        assert_eq!(sequence_of(r#"{"seq":0}"#, Some(&seq), &mut hw), Ok(None));
+        assert_eq!(
+            sequence_of(r#"{"seq":0}"#, Some(&seq), &mut hw, false),
+            Ok(None)
+        );
         let mut zero = Some(0);
         assert_eq!(
-            sequence_of(r#"{"seq":0}"#, Some(&seq), &mut zero),
+            sequence_of(r#"{"seq":0}"#, Some(&seq), &mut zero, false),
             Ok(None),
             "checkpoint 0 means 0 was delivered"
         );
@@ -234,17 +440,20 @@ mod tests {
     fn pointer_sequences_skip_replays_and_reject_messages_without_one() {
         let (seq, nested) = (SequencePointer::new("/seq"), SequencePointer::new("/m/n"));
         let mut hw = Some(10);
-        assert_eq!(sequence_of(r#"{"seq":9}"#, Some(&seq), &mut hw), Ok(None));
         assert_eq!(
-            sequence_of(r#"{"seq":11}"#, Some(&seq), &mut hw),
+            sequence_of(r#"{"seq":9}"#, Some(&seq), &mut hw, false),
+            Ok(None)
+        );
+        assert_eq!(
+            sequence_of(r#"{"seq":11}"#, Some(&seq), &mut hw, false),
             Ok(Some(11))
         );
         assert_eq!(
-            sequence_of(r#"{"m":{"n":12}}"#, Some(&nested), &mut hw),
+            sequence_of(r#"{"m":{"n":12}}"#, Some(&nested), &mut hw, false),
             Ok(Some(12))
         );
-        assert!(sequence_of(r#"{"seq":"13"}"#, Some(&seq), &mut hw).is_err());
-        assert!(sequence_of("not json", Some(&seq), &mut hw).is_err());
+        assert!(sequence_of(r#"{"seq":"13"}"#, Some(&seq), &mut hw, false).is_err());
+        assert!(sequence_of("not json", Some(&seq), &mut hw, false).is_err());
         assert_eq!(hw, Some(12));
     }
 
@@ -309,14 +518,16 @@ mod tests {
         for doc in documents {
             let value: Result<serde_json::Value, _> = serde_json::from_str(doc);
             for p in pointers {
-                let fast = SequencePointer::new(p).u64_in(doc);
-                match &value {
-                    Ok(v) => assert_eq!(
-                        fast.ok(),
-                        Some(v.pointer(p).and_then(serde_json::Value::as_u64)),
-                        "document {doc:?}, pointer {p:?}"
-                    ),
-                    Err(_) => assert!(fast.is_err(), "document {doc:?} is not JSON"),
+                for embeddable in [false, true] {
+                    let fast = SequencePointer::new(p).u64_in(doc, embeddable);
+                    match &value {
+                        Ok(v) => assert_eq!(
+                            fast.ok(),
+                            Some(v.pointer(p).and_then(serde_json::Value::as_u64)),
+                            "document {doc:?}, pointer {p:?}"
+                        ),
+                        Err(_) => assert!(fast.is_err(), "document {doc:?} is not JSON"),
+                    }
                 }
             }
         }

@@ -9,7 +9,9 @@
 use super::delivery::{Delivery, Undelivered};
 use super::progress::StreamProgress;
 use super::provenance::{Origin, Provenance, Unverified};
-use super::sequence::{SequencePointer, is_json, next_counter, sequence_of};
+use super::sequence::{
+    SequencePointer, Unsequenced, is_embeddable_json, next_counter, sequence_of,
+};
 use super::transport::{CONNECT_TIMEOUT, ConnectError, Dialer, Ws, resume_url};
 use crate::crd::{DataFormat, StreamConnectionSpec};
 use crate::egress::HostPolicy;
@@ -560,8 +562,8 @@ struct Intake<'a> {
     key: &'a StreamKey,
     pointer: Option<&'a SequencePointer>,
     /// The sink carries messages as JSON values: a message that is not JSON
-    /// is skipped. With a pointer, finding the sequence number already
-    /// parsed the whole text; without one, it is checked apart.
+    /// every parser takes is skipped (checked apart: finding the sequence
+    /// number checks only the grammar).
     json_only: bool,
     high_water: Option<u64>,
     batch: Vec<Message>,
@@ -583,20 +585,25 @@ impl Intake<'_> {
             Some(Ok(WsMessage::Text(text))) => {
                 self.received += 1;
                 self.bytes += text.len() as u64;
-                match sequence_of(&text, self.pointer, &mut self.high_water) {
+                match sequence_of(&text, self.pointer, &mut self.high_water, self.json_only) {
+                    // With a counter the check is made apart (with a
+                    // pointer, in the parse that found the number).
                     Ok(Some(seq))
-                        if self.json_only && self.pointer.is_none() && !is_json(&text) =>
+                        if self.json_only
+                            && self.pointer.is_none()
+                            && !is_embeddable_json(&text) =>
                     {
                         // The number is used up: the counter follows the
                         // upstream's messages, taken or not.
-                        self.not_json(seq, metrics);
+                        self.not_json(Some(seq), metrics);
                     }
                     Ok(Some(seq)) => self.batch.push(Message {
                         seq,
                         data: self.arena.copy(&text),
                     }),
                     Ok(None) => {} // a replay of something already acknowledged
-                    Err(why) => {
+                    Err(Unsequenced::NotEmbeddable) => self.not_json(None, metrics),
+                    Err(Unsequenced::Unusable(why)) => {
                         metrics
                             .session_errors
                             .get_or_create(&[("kind", "sequence")])
@@ -611,7 +618,7 @@ impl Intake<'_> {
                 self.bytes += bytes.len() as u64;
                 if self.json_only && self.pointer.is_none() {
                     let seq = next_counter(&mut self.high_water);
-                    self.not_json(seq, metrics);
+                    self.not_json(Some(seq), metrics);
                 } else if self.pointer.is_some() {
                     metrics
                         .session_errors
@@ -659,12 +666,12 @@ impl Intake<'_> {
     }
 
     /// A message the sink cannot take as JSON: skipped, counted and logged.
-    fn not_json(&self, seq: u64, metrics: &WorkerMetrics) {
+    fn not_json(&self, seq: Option<u64>, metrics: &WorkerMetrics) {
         metrics
             .session_errors
             .get_or_create(&[("kind", "not_json")])
             .inc();
-        tracing::warn!(stream = %self.key, seq, "message is not JSON and the sink takes messages as JSON (dataFormat: json); skipped");
+        tracing::warn!(stream = %self.key, ?seq, "message is not JSON and the sink takes messages as JSON (dataFormat: json); skipped");
     }
 
     /// Advances the worker's received counters by what was read since last time.
@@ -763,6 +770,8 @@ mod tests {
                 WsMessage::Text("not json".into()),
                 WsMessage::Text(r#"{"a":"#.into()),
                 WsMessage::Binary(vec![1u8, 2].into()),
+                // Grammatical, but no parser builds it: a lone surrogate.
+                WsMessage::Text(r#"{"x":"\ud800"}"#.into()),
                 WsMessage::Text(" [1, \"x\"] ".into()),
             ]
         };
@@ -793,16 +802,45 @@ mod tests {
             if json_only {
                 assert_eq!(
                     taken,
-                    vec![(10, r#"{"a":1}"#.into()), (14, " [1, \"x\"] ".into())]
+                    vec![(10, r#"{"a":1}"#.into()), (15, " [1, \"x\"] ".into())]
                 );
             } else {
-                assert_eq!(taken.len(), 5, "{taken:?}");
+                assert_eq!(taken.len(), 6, "{taken:?}");
             }
         }
-        let skipped = metrics
-            .session_errors
-            .get_or_create(&[("kind", "not_json")])
-            .get();
-        assert_eq!(skipped, 3);
+        let skipped = || {
+            metrics
+                .session_errors
+                .get_or_create(&[("kind", "not_json")])
+                .get()
+        };
+        assert_eq!(skipped(), 4);
+        // With a pointer too: the sequence number is found, the message is
+        // still not one to embed.
+        let pointer = SequencePointer::new("/seq");
+        let mut intake = Intake {
+            key: &key,
+            pointer: Some(&pointer),
+            json_only: true,
+            high_water: None,
+            batch: Vec::new(),
+            arena: TextArena::default(),
+            received: 0,
+            bytes: 0,
+        };
+        for text in [
+            r#"{"seq":1,"x":"\ud800"}"#,
+            r#"{"seq":2,"x":1e400}"#,
+            r#"{"seq":3}"#,
+        ] {
+            assert!(
+                intake
+                    .take(Some(Ok(WsMessage::Text(text.into()))), &metrics)
+                    .is_none()
+            );
+        }
+        let seqs: Vec<u64> = intake.batch.iter().map(|m| m.seq).collect();
+        assert_eq!(seqs, vec![3]);
+        assert_eq!(skipped(), 6);
     }
 }
