@@ -2,20 +2,11 @@
 //! processes, and the Prometheus endpoint an HPA reads.
 
 use nix::sys::signal::Signal;
-use std::collections::HashMap;
 use std::time::Duration;
 use tether_testkit::bed::{Bed, BedOptions};
 use tether_testkit::fixtures::log_spec;
 
 const EXE: &str = env!("CARGO_BIN_EXE_tether");
-
-async fn load(bed: &Bed) -> HashMap<String, usize> {
-    let mut load = HashMap::new();
-    for owner in bed.owners().await.into_values() {
-        *load.entry(owner).or_insert(0) += 1;
-    }
-    load
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared() {
@@ -36,7 +27,7 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
     let balanced = |expect: usize, workers: usize, slack: usize| {
         let bed = &bed;
         async move {
-            let load = load(bed).await;
+            let load = bed.loads().await;
             let open = bed.upstream.open_sessions();
             load.len() == workers
                 && load.values().all(|n| n.abs_diff(expect) <= slack)
@@ -82,7 +73,7 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
         Duration::from_secs(30),
         "four workers hold 7 or 8 each",
         || async {
-            let load = load(&bed).await;
+            let load = bed.loads().await;
             let open = bed.upstream.open_sessions();
             load.len() == 4
                 && load.values().all(|n| (7..=8).contains(n))

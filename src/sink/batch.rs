@@ -64,7 +64,7 @@ impl TextArena {
 
     pub fn copy(&mut self, text: &str) -> Text {
         if self.0.capacity() < text.len() {
-            // Reclaimed in place once every message of the block is gone.
+            // A new block: the full one stays alive as long as its messages.
             self.0.reserve(text.len().max(Self::BLOCK));
         }
         self.0.extend_from_slice(text.as_bytes());

@@ -180,6 +180,15 @@ impl Bed {
             .collect()
     }
 
+    /// Streams per live owner.
+    pub async fn loads(&self) -> HashMap<String, usize> {
+        let mut load = HashMap::new();
+        for owner in self.owners().await.into_values() {
+            *load.entry(owner).or_insert(0) += 1;
+        }
+        load
+    }
+
     /// Streams whose live owner is `worker`.
     pub async fn owned_by(&self, worker: &str) -> usize {
         self.owners()

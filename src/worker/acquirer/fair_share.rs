@@ -127,15 +127,10 @@ pub(super) fn classify_free(r: &StreamRecord, now_ms: u64, me: &Incarnation) -> 
         };
     }
     let age_ms = since(r.released_at_ms);
+    let by_me = r.lease_owner.as_deref() == Some(me.as_str());
     match r.release_reason {
-        Some(ReleaseReason::Rebalance) => Orphan::Rebalanced {
-            by_me: r.lease_owner.as_deref() == Some(me.as_str()),
-            age_ms,
-        },
-        Some(ReleaseReason::Moved) => Orphan::Moved {
-            by_me: r.lease_owner.as_deref() == Some(me.as_str()),
-            age_ms,
-        },
+        Some(ReleaseReason::Rebalance) => Orphan::Rebalanced { by_me, age_ms },
+        Some(ReleaseReason::Moved) => Orphan::Moved { by_me, age_ms },
         _ => Orphan::Released { age_ms },
     }
 }
@@ -158,21 +153,22 @@ pub(super) struct AcquirePolicy {
 impl AcquirePolicy {
     pub(super) fn allows(&self, orphan: Orphan) -> bool {
         // A stream asked to move goes to anyone but the worker that let it
-        // go, whatever the shares; that one takes it back only when nobody
-        // else did (a fleet of one), after the rebalance grace.
-        if let Orphan::Moved { by_me, age_ms } = orphan {
-            return !by_me || age_ms >= self.rebalance_grace_ms;
-        }
-        // Nor does a stream let go to rebalance go straight back: its
-        // releaser may be below the share right after (the extra handoff
-        // leaves it one under the ceiling), and taking it back would have
-        // moved a stream for nothing.
-        if let Orphan::Rebalanced {
-            by_me: true,
-            age_ms,
-        } = orphan
-        {
-            return age_ms >= self.rebalance_grace_ms;
+        // go, whatever the shares; nor does a stream let go to rebalance go
+        // straight back (its releaser may be below the share right after:
+        // the extra handoff leaves it one under the ceiling). The releaser
+        // takes it back only when nobody else did (a fleet of one), after the
+        // rebalance grace.
+        match orphan {
+            Orphan::Moved {
+                by_me: true,
+                age_ms,
+            }
+            | Orphan::Rebalanced {
+                by_me: true,
+                age_ms,
+            } => return age_ms >= self.rebalance_grace_ms,
+            Orphan::Moved { by_me: false, .. } => return true,
+            _ => {}
         }
         if self.below_share.is_none_or(|n| n > 0) {
             return true;

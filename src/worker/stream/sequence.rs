@@ -85,9 +85,9 @@ impl SequencePointer {
 /// Why a message has no sequence number to go by.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Unsequenced {
-    /// JSON by the grammar, but not a value every parser takes, for a sink
-    /// that embeds messages as values.
-    NotEmbeddable,
+    /// Not a value every parser takes, for a sink that embeds messages as
+    /// values; the counter value it used up, if it was numbered so.
+    NotEmbeddable(Option<u64>),
     /// Not JSON, or no unsigned integer at the pointer.
     Unusable(String),
 }
@@ -95,8 +95,10 @@ pub(super) enum Unsequenced {
 /// The sequence number of a message: at the pointer, or the next counter
 /// value. `Ok(None)` for a replay at or below what was already taken; with no
 /// checkpoint, every sequence number (0 included) is new.
-/// With `embeddable`, the text must also be a value every parser takes; with
-/// a pointer that is checked in the parse that finds the number.
+/// With `embeddable`, the text must also be a value every parser takes: with
+/// a pointer that is checked in the parse that finds the number, with a
+/// counter on its own, after the number is used up (the counter follows the
+/// upstream's messages, taken or not).
 pub(super) fn sequence_of(
     text: &str,
     pointer: Option<&SequencePointer>,
@@ -104,14 +106,18 @@ pub(super) fn sequence_of(
     embeddable: bool,
 ) -> Result<Option<u64>, Unsequenced> {
     let Some(pointer) = pointer else {
-        return Ok(Some(next_counter(high_water)));
+        let seq = next_counter(high_water);
+        if embeddable && !is_embeddable_json(text) {
+            return Err(Unsequenced::NotEmbeddable(Some(seq)));
+        }
+        return Ok(Some(seq));
     };
     let seq = match pointer.u64_in(text, embeddable) {
         Ok(found) => found,
         // Refused by the stricter check alone: said apart (rare, so the
         // second parse costs nothing that matters).
         Err(_) if embeddable && pointer.u64_in(text, false).is_ok() => {
-            return Err(Unsequenced::NotEmbeddable);
+            return Err(Unsequenced::NotEmbeddable(None));
         }
         Err(e) => return Err(Unsequenced::Unusable(format!("not JSON: {e}"))),
     }
@@ -134,7 +140,7 @@ pub(super) const MAX_EMBEDDED_DEPTH: u32 = 120;
 /// surrogate escape, no nesting beyond [`MAX_EMBEDDED_DEPTH`]. A message a
 /// consumer's parser refuses would make the whole batch refused, again and
 /// again. Checked without building the value.
-pub(super) fn is_embeddable_json(text: &str) -> bool {
+fn is_embeddable_json(text: &str) -> bool {
     let mut de = serde_json::Deserializer::from_str(text);
     Embeddable(MAX_EMBEDDED_DEPTH).deserialize(&mut de).is_ok() && de.end().is_ok()
 }
@@ -383,8 +389,14 @@ mod tests {
         let seq = SequencePointer::new("/seq");
         let mut hw = None;
         for (doc, expected) in [
-            (r#"{"x":"\ud800","seq":1}"#, Err(Unsequenced::NotEmbeddable)),
-            (r#"{"seq":2,"x":[1e400]}"#, Err(Unsequenced::NotEmbeddable)),
+            (
+                r#"{"x":"\ud800","seq":1}"#,
+                Err(Unsequenced::NotEmbeddable(None)),
+            ),
+            (
+                r#"{"seq":2,"x":[1e400]}"#,
+                Err(Unsequenced::NotEmbeddable(None)),
+            ),
             (r#"{"seq":3,"x":"\ud83d\ude00"}"#, Ok(Some(3))),
         ] {
             assert_eq!(
@@ -398,7 +410,7 @@ mod tests {
         let nested = format!(r#"{{"seq":4,"x":{}}}"#, deep(MAX_EMBEDDED_DEPTH as usize));
         assert_eq!(
             sequence_of(&nested, Some(&seq), &mut hw, true),
-            Err(Unsequenced::NotEmbeddable),
+            Err(Unsequenced::NotEmbeddable(None)),
             "the object itself is one level"
         );
         assert!(matches!(

@@ -9,9 +9,7 @@
 use super::delivery::{Delivery, Undelivered};
 use super::progress::StreamProgress;
 use super::provenance::{Origin, Provenance, Unverified};
-use super::sequence::{
-    SequencePointer, Unsequenced, is_embeddable_json, next_counter, sequence_of,
-};
+use super::sequence::{SequencePointer, Unsequenced, next_counter, sequence_of};
 use super::transport::{CONNECT_TIMEOUT, ConnectError, Dialer, Ws, resume_url};
 use crate::crd::{DataFormat, StreamConnectionSpec};
 use crate::egress::HostPolicy;
@@ -562,8 +560,7 @@ struct Intake<'a> {
     key: &'a StreamKey,
     pointer: Option<&'a SequencePointer>,
     /// The sink carries messages as JSON values: a message that is not JSON
-    /// every parser takes is skipped (checked apart: finding the sequence
-    /// number checks only the grammar).
+    /// every parser takes is skipped (`sequence_of` checks).
     json_only: bool,
     high_water: Option<u64>,
     batch: Vec<Message>,
@@ -586,23 +583,12 @@ impl Intake<'_> {
                 self.received += 1;
                 self.bytes += text.len() as u64;
                 match sequence_of(&text, self.pointer, &mut self.high_water, self.json_only) {
-                    // With a counter the check is made apart (with a
-                    // pointer, in the parse that found the number).
-                    Ok(Some(seq))
-                        if self.json_only
-                            && self.pointer.is_none()
-                            && !is_embeddable_json(&text) =>
-                    {
-                        // The number is used up: the counter follows the
-                        // upstream's messages, taken or not.
-                        self.not_json(Some(seq), metrics);
-                    }
                     Ok(Some(seq)) => self.batch.push(Message {
                         seq,
                         data: self.arena.copy(&text),
                     }),
                     Ok(None) => {} // a replay of something already acknowledged
-                    Err(Unsequenced::NotEmbeddable) => self.not_json(None, metrics),
+                    Err(Unsequenced::NotEmbeddable(seq)) => self.not_json(seq, metrics),
                     Err(Unsequenced::Unusable(why)) => {
                         metrics
                             .session_errors

@@ -76,7 +76,7 @@ async fn one(
     let limit = lease * 3 + reconcile * 3 + Duration::from_secs(60);
     let share = STREAMS / workers;
     Bed::wait(limit, "the fleet balanced before the join", || async {
-        let load = load(&bed).await;
+        let load = bed.loads().await;
         load.len() == workers && load.values().all(|n| *n == share) && once(&bed)
     })
     .await?;
@@ -90,7 +90,7 @@ async fn one(
     let mut last = HashMap::new();
     while started.elapsed() < LIMIT && balanced.is_none() {
         tokio::time::sleep(SAMPLE).await;
-        let load = load(&bed).await;
+        let load = bed.loads().await;
         last = load.clone();
         let mine = load
             .iter()
@@ -122,15 +122,6 @@ async fn one(
         "overlapping_sessions": overlaps,
         "limit_s": LIMIT.as_secs_f64(),
     }))
-}
-
-/// Streams per owner, as the table says.
-async fn load(bed: &Bed) -> HashMap<String, usize> {
-    let mut load = HashMap::new();
-    for owner in bed.owners().await.into_values() {
-        *load.entry(owner).or_insert(0) += 1;
-    }
-    load
 }
 
 /// The last loads seen, the newcomer's first: "6 / 8 8 8".
