@@ -126,6 +126,8 @@ pub struct LeaseStore {
     clock: Arc<ClockGauge>,
     /// Bounds stream-item writes in flight ([`MAX_STREAM_WRITES_IN_FLIGHT`]).
     stream_writes: Arc<tokio::sync::Semaphore>,
+    /// Coalesces this process's moves of the change counter.
+    pub(super) announcer: Arc<super::changes::Announcer>,
 }
 
 /// A conditional write whose condition did not hold: an expected outcome.
@@ -215,6 +217,7 @@ impl LeaseStore {
             reachable: Arc::new(AtomicBool::new(true)),
             clock,
             stream_writes: Arc::new(tokio::sync::Semaphore::new(MAX_STREAM_WRITES_IN_FLIGHT)),
+            announcer: Arc::default(),
         })
     }
 

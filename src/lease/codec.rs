@@ -47,6 +47,9 @@ pub mod attr {
     pub const RECONNECTS: &str = "reconnects";
     pub const SERVED_GENERATION: &str = "served_generation";
     pub const RELEASED_AT_MS: &str = "released_at_ms";
+    /// On a worker item: this incarnation moves the change counter
+    /// (`lease::changes`), so peers may read it instead of querying.
+    pub const ANNOUNCES_CHANGES: &str = "announces_changes";
     pub const RELEASE_REASON: &str = "release_reason";
     pub const CREATED_AT_MS: &str = "created_at_ms";
     pub const ACQUIRED_AT_MS: &str = "acquired_at_ms";
@@ -277,6 +280,10 @@ pub fn worker_record(item: &Item) -> Result<WorkerRecord, Malformed> {
         checkpoints: checkpoints(item),
         checkpoint_shards: r.soft_number(attr::CHECKPOINT_SHARDS).unwrap_or(0) as u32,
         changed_streams,
+        announces_changes: matches!(
+            item.get(attr::ANNOUNCES_CHANGES),
+            Some(AttributeValue::Bool(true))
+        ),
         incarnation,
     })
 }

@@ -143,6 +143,7 @@ impl LeaseStore {
                     if let Ownership::Owned(owner) = c.ownership() {
                         self.notify_owner(&owner, key).await?;
                     }
+                    self.announce_change().await;
                     return Ok(UpsertOutcome::Applied);
                 }
             }
@@ -233,6 +234,9 @@ impl LeaseStore {
                 if let Ownership::Owned(owner) = ownership {
                     self.notify_owner(&owner, key).await?;
                 }
+                // A new or started stream is up for grabs: workers reading
+                // the change counter look for it.
+                self.announce_change().await;
                 return Ok(UpsertOutcome::Applied);
             }
         }

@@ -9,6 +9,7 @@
 //! worker's packed checkpoints (shard 0), its load for fair share, and an inbox
 //! of streams the control plane changed.
 
+use super::changes::{CHANGES_PK, changes_key, changes_of};
 use super::client::{ConditionFailed, LeaseStore};
 use super::clock::now_ms;
 use super::codec::{
@@ -67,6 +68,14 @@ pub enum RenewOutcome {
     Dead,
 }
 
+/// What one watch read found: the change counter and the watched peers' items.
+#[derive(Debug, Default)]
+pub struct Watched {
+    /// The change counter (0 before its first move).
+    pub changes: u64,
+    pub workers: Vec<WorkerRecord>,
+}
+
 /// The fleet as the index shows it.
 #[derive(Debug, Default)]
 pub struct WorkerItems {
@@ -99,6 +108,7 @@ impl LeaseStore {
                     .item(attr::HEARTBEAT_AT_MS, n(now))
                     .item(attr::CREATED_AT_MS, n(now))
                     .item(attr::HELD, n(0))
+                    .item(attr::ANNOUNCES_CHANGES, AttributeValue::Bool(true))
                     .item(attr::EXPIRES_AT, ttl(LIVE_ITEM_TTL))
                     .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
                 req = absent.guard_put(req);
@@ -129,7 +139,10 @@ impl LeaseStore {
         }
         // After the item: an enrolled incarnation without an item is taken
         // for one whose item vanished, and declared dead.
-        self.enroll(me).await
+        self.enroll(me).await?;
+        // Peers hand streams over to a newcomer.
+        self.announce_change().await;
+        Ok(())
     }
 
     /// Renews this incarnation: bumps the version, writes load and checkpoint
@@ -297,12 +310,48 @@ impl LeaseStore {
     /// Several workers' items (eventually consistent: a stale read can only
     /// delay a death verdict, whose conditional write rechecks the version).
     pub async fn workers(&self, who: &[Incarnation]) -> Result<Vec<WorkerRecord>, StoreError> {
+        Ok(self.watch(who).await?.workers)
+    }
+
+    /// The change counter and several workers' items, in one request per
+    /// hundred keys (eventually consistent, as [`LeaseStore::workers`]; a
+    /// stale counter only delays a pickup until the next read).
+    pub async fn watch(&self, who: &[Incarnation]) -> Result<Watched, StoreError> {
+        let mut keys: Vec<Item> = vec![changes_key()];
+        keys.extend(
+            who.iter()
+                .map(|w| HashMap::from([(attr::PK.to_string(), s(w.pk()))])),
+        );
+        let mut watched = Watched::default();
+        for item in self.batch_get("batch_get_workers", keys).await? {
+            if item
+                .get(attr::PK)
+                .and_then(|v| v.as_s().ok())
+                .map(String::as_str)
+                == Some(CHANGES_PK)
+            {
+                watched.changes = changes_of(Some(&item));
+                continue;
+            }
+            match worker_record(&item) {
+                Ok(w) => watched.workers.push(w),
+                Err(m) => {
+                    tracing::debug!(pk = %m.pk, detail = %m.detail, "unreadable worker item")
+                }
+            }
+        }
+        Ok(watched)
+    }
+
+    /// Items by key, eventually consistent, unprocessed keys retried.
+    async fn batch_get(
+        &self,
+        operation: &'static str,
+        keys: Vec<Item>,
+    ) -> Result<Vec<Item>, StoreError> {
         let mut found = Vec::new();
-        for chunk in who.chunks(BATCH_GET_LIMIT) {
-            let mut keys: Vec<HashMap<String, AttributeValue>> = chunk
-                .iter()
-                .map(|w| HashMap::from([(attr::PK.to_string(), s(w.pk()))]))
-                .collect();
+        for chunk in keys.chunks(BATCH_GET_LIMIT) {
+            let mut keys = chunk.to_vec();
             for _ in 0..BATCH_GET_ATTEMPTS {
                 if keys.is_empty() {
                     break;
@@ -311,11 +360,11 @@ impl LeaseStore {
                     .set_keys(Some(keys.clone()))
                     .build()
                     .map_err(|e| StoreError::Rejected {
-                        operation: "batch_get_workers",
+                        operation,
                         detail: e.to_string(),
                     })?;
                 let out = self
-                    .call_plain("batch_get_workers", None, || {
+                    .call_plain(operation, None, || {
                         self.client
                             .batch_get_item()
                             .request_items(&self.table, request.clone())
@@ -324,21 +373,15 @@ impl LeaseStore {
                     })
                     .await?;
                 for c in out.consumed_capacity() {
-                    self.record_reads("batch_get_workers", Some(c));
+                    self.record_reads(operation, Some(c));
                 }
-                for item in out
-                    .responses()
-                    .and_then(|r| r.get(&self.table))
-                    .into_iter()
-                    .flatten()
-                {
-                    match worker_record(item) {
-                        Ok(w) => found.push(w),
-                        Err(m) => {
-                            tracing::debug!(pk = %m.pk, detail = %m.detail, "unreadable worker item")
-                        }
-                    }
-                }
+                found.extend(
+                    out.responses()
+                        .and_then(|r| r.get(&self.table))
+                        .into_iter()
+                        .flatten()
+                        .cloned(),
+                );
                 keys = out
                     .unprocessed_keys()
                     .and_then(|u| u.get(&self.table))
@@ -366,10 +409,16 @@ impl LeaseStore {
         let out = self
             .update_item("declare_dead", &who.pk(), &update, ReturnValue::None)
             .await?;
-        match out {
-            Ok(_) => Ok(Some(WorkerState::Dead)),
-            Err(ConditionFailed) => Ok(self.worker(who).await?.map(|w| w.state)),
+        let state = match out {
+            Ok(_) => Some(WorkerState::Dead),
+            Err(ConditionFailed) => self.worker(who).await?.map(|w| w.state),
+        };
+        // Whoever marked it: a marker that crashed before its bump is
+        // covered by the next watcher that finds the mark.
+        if state == Some(WorkerState::Dead) {
+            self.announce_change().await;
         }
+        Ok(state)
     }
 
     /// Marks DEAD the LIVE incarnations of an earlier container of this pod:
@@ -417,6 +466,9 @@ impl LeaseStore {
                 marked.push(w.incarnation.clone());
             }
         }
+        if !marked.is_empty() {
+            self.announce_change().await;
+        }
         Ok(marked)
     }
 
@@ -448,9 +500,13 @@ impl LeaseStore {
         update.require("worker_state = :live");
         update.value(":live", s(WorkerState::Live.as_str()));
         // A lost condition means it is not LIVE: the announcement is moot.
-        self.update_item(operation, &me.pk(), &update, ReturnValue::None)
+        if self
+            .update_item(operation, &me.pk(), &update, ReturnValue::None)
             .await?
-            .ok();
+            .is_ok()
+        {
+            self.announce_change().await;
+        }
         Ok(())
     }
 
@@ -468,6 +524,7 @@ impl LeaseStore {
                 operation: "leave",
                 detail: format!("{me} is no longer LIVE"),
             })?;
+        self.announce_change().await;
         Ok(())
     }
 

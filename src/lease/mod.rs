@@ -10,11 +10,13 @@
 //! One job per file: `client` (connection, retries, classification), `codec`
 //! (items ⇄ records), `pages` (pagination), `admin` (table), `reads`,
 //! `acquire`, `owner` (owner-guarded writes), `incarnations` (worker items),
+//! `changes` (the fleet's change counter),
 //! `control` (control-plane writes), `clock` (skew measurement), `view`
 //! (streams as people read them).
 
 mod acquire;
 mod admin;
+mod changes;
 mod client;
 pub mod clock;
 pub mod codec;
@@ -32,13 +34,14 @@ mod update;
 mod view;
 
 pub use admin::{CHANGE_INDEX, HOLDER_INDEX, LEGACY_INDEX, TableChange, TableLayout};
+pub use changes::CHANGES_PK;
 pub use client::{
     Caller, LOCAL_CREDENTIALS, LeaseStore, StoreConfig, root_cause, validate_table_name,
 };
 pub use clock::{ClockGauge, OffsetBounds, now_ms};
 pub use control::{DeleteOutcome, TombstoneOutcome};
 pub use error::StoreError;
-pub use incarnations::{RenewOutcome, Renewal, WorkerItems};
+pub use incarnations::{RenewOutcome, Renewal, Watched, WorkerItems};
 pub use keys::{
     CHECKPOINT_PK_PREFIX, FLEET_HOLDER, HOLDER_SHARDS, Incarnation, STREAM_PK_PREFIX, StreamKey,
     UNOWNED_HOLDER_PREFIX, WORKER_PK_PREFIX, unowned_holder, valid_worker_id, worker_id_of,

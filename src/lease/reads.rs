@@ -13,6 +13,7 @@ use super::keys::{
 };
 use super::pages::PartitionQuery;
 use super::record::{DesiredState, StreamRecord};
+use aws_sdk_dynamodb::types::ReturnConsumedCapacity;
 
 /// Items read, and the ones that could not be.
 #[derive(Debug, Default)]
@@ -59,9 +60,11 @@ impl LeaseStore {
                     .table_name(&self.table)
                     .key(attr::PK, s(&pk))
                     .consistent_read(true)
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
                     .send()
             })
             .await?;
+        self.record_reads(operation, out.consumed_capacity());
         out.item()
             .map(|item| stream_record(item).map_err(|m| self.malformed(m)))
             .transpose()

@@ -245,6 +245,9 @@ pub struct WorkerRecord {
     /// Streams the control plane changed since the owner last looked.
     #[serde(skip)]
     pub changed_streams: Vec<InboxEntry>,
+    /// Whether it moves the change counter (workers of earlier releases do not).
+    #[serde(skip)]
+    pub announces_changes: bool,
 }
 
 /// One inbox entry: a changed stream, with the nonce that makes each change

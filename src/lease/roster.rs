@@ -112,6 +112,7 @@ impl LeaseStore {
         Ok(match out {
             Ok(o) => {
                 self.record_capacity("declare_vanished_dead", o.consumed_capacity());
+                self.announce_change().await;
                 true
             }
             Err(ConditionFailed) => false,

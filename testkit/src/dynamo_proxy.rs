@@ -138,18 +138,18 @@ async fn forward(
         .get("x-amz-target")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    let write_or_item_read = ["UpdateItem", "PutItem", "DeleteItem", "GetItem"]
-        .iter()
-        .any(|op| target.ends_with(op));
+    // The operation after the API version (`DynamoDB_20120810.GetItem`):
+    // matched whole, so `BatchGetItem` is not taken for `GetItem`.
+    let operation = target.rsplit('.').next().unwrap_or_default();
+    let write_or_item_read =
+        ["UpdateItem", "PutItem", "DeleteItem", "GetItem"].contains(&operation);
     if mode == DynamoFault::LoseWriteAnswers && write_or_item_read {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     }
     if let DynamoFault::DelayAnswers(delay) = mode {
         tokio::time::sleep(delay).await;
     }
-    let write = ["UpdateItem", "PutItem", "DeleteItem"]
-        .iter()
-        .any(|op| target.ends_with(op));
+    let write = ["UpdateItem", "PutItem", "DeleteItem"].contains(&operation);
     // Once: the answer of the first write that landed is lost (of writes
     // racing, only the one that switches the mode back loses its answer).
     if mode == DynamoFault::LoseNextWriteAnswer

@@ -15,7 +15,28 @@ const ENDED_RESCAN: std::time::Duration = std::time::Duration::from_secs(5);
 /// acquire it sent just before it ended can still land after the first empty
 /// scan, and must still be found.
 const FORGET_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
+impl Ended {
+    /// Whether this worker looks at the incarnation's partitions now: until
+    /// they were found empty, and then only its ring successor (`mine`), now
+    /// and then.
+    fn due(&self, mine: bool, now: Instant) -> bool {
+        !self.emptied
+            || (mine
+                && self
+                    .last_scan
+                    .is_none_or(|t| now.duration_since(t) >= ENDED_RESCAN))
+    }
+}
+
 impl Acquirer {
+    /// Whether a departed incarnation of `workers` needs a look now.
+    pub(super) fn ended_due(&self, workers: &[FleetEntry], now: Instant) -> bool {
+        let live = super::pass::live_incarnations(workers);
+        self.ended
+            .iter()
+            .any(|(inc, e)| e.due(successors(inc, &live, 1).first() == Some(&self.me), now))
+    }
+
     /// Departed incarnations: everyone takes a dead one's streams until its
     /// partitions are empty; then its ring successor alone looks again now
     /// and then (for an acquire it sent just before it ended) and finally
@@ -42,14 +63,7 @@ impl Acquirer {
         let ended: Vec<Incarnation> = self.ended.keys().cloned().collect();
         for inc in ended {
             let mine = successors(&inc, &live, 1).first() == Some(&self.me);
-            let Some(e) = self.ended.get(&inc) else {
-                continue;
-            };
-            let due = !e.emptied
-                || (mine
-                    && e.last_scan
-                        .is_none_or(|t| now.duration_since(t) >= ENDED_RESCAN));
-            if !due {
+            if !self.ended.get(&inc).is_some_and(|e| e.due(mine, now)) {
                 continue;
             }
             let found_any = self.ended_streams(&inc, candidates).await?;

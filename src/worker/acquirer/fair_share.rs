@@ -51,6 +51,18 @@ impl FleetView {
         self.peers.iter().any(|p| p.progressing && p.held < fair)
     }
 
+    /// Whether every counted worker, this one holding `held`, is within the
+    /// floor and the ceiling of the mean: nothing for fair share to move.
+    pub(super) fn balanced(&self, held: u64) -> bool {
+        let progressing = || self.peers.iter().filter(|p| p.progressing);
+        let total = held + progressing().map(|p| p.held).sum::<u64>();
+        let live = self.live() as u64;
+        let (floor, ceiling) = (total / live, total.div_ceil(live));
+        std::iter::once(held)
+            .chain(progressing().map(|p| p.held))
+            .all(|h| (floor..=ceiling).contains(&h))
+    }
+
     /// One more stream to hand over, beyond the excess over the fair share
     /// (the ceiling), when the fleet would otherwise stop short of balance:
     /// 30 streams on 4 workers settle at 8/8/8/6 by the ceiling alone, as
@@ -204,6 +216,23 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn a_fleet_is_balanced_when_everyone_is_within_the_floor_and_ceiling_of_the_mean() {
+        // 30 on 4: 7 or 8 each.
+        assert!(view(&[8, 7, 7]).balanced(8));
+        assert!(!view(&[8, 8, 6]).balanced(8));
+        assert!(!view(&[8, 8, 8]).balanced(6));
+        // A newcomer at 0.
+        assert!(!view(&[15, 0]).balanced(15));
+        // Alone, or with nothing to hold.
+        assert!(view(&[]).balanced(42));
+        assert!(view(&[0, 0]).balanced(0));
+        // A silent peer is not counted.
+        let mut v = view(&[10, 0]);
+        v.peers[1].progressing = false;
+        assert!(v.balanced(10));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Taking streams: the acquisition pass (`pass`), fair share (`fair_share`),
 //! reading peers and the fleet view (`peers`), declaring the overdue dead on
 //! this worker's monotonic clock (`overdue`), what departed incarnations left
-//! (`departed`), and the pace of acquires (`pacing`).
+//! (`departed`), the pace of acquires (`pacing`), and when a pass may skip
+//! the fleet's reads (`quiet`).
 
 mod departed;
 mod fair_share;
@@ -9,5 +10,6 @@ mod overdue;
 mod pacing;
 mod pass;
 mod peers;
+mod quiet;
 
 pub(super) use pass::{Acquired, Acquirer};

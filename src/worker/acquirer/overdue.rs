@@ -57,6 +57,12 @@ impl Observer {
             .collect()
     }
 
+    /// How long a peer's version has stood still, as far as this worker saw
+    /// (`None`: not watched).
+    pub(super) fn still_for(&self, peer: &Incarnation, now: Instant) -> Option<Duration> {
+        self.seen.get(peer).map(|s| now.duration_since(s.since))
+    }
+
     /// Whether a peer's version moved within `within` (a new peer counts as
     /// moving until it has been watched that long).
     pub(super) fn progressing(&self, peer: &Incarnation, now: Instant, within: Duration) -> bool {
@@ -93,6 +99,7 @@ mod tests {
 
     fn record(inc: &Incarnation, version: u64) -> WorkerRecord {
         WorkerRecord {
+            announces_changes: true,
             incarnation: inc.clone(),
             state: WorkerState::Live,
             heartbeat_version: version,

@@ -4,10 +4,12 @@
 //! partitions, version-1 leftovers during an upgrade), acquire up to the fair
 //! share, hand excess over, and audit this incarnation's own partitions.
 //!
-//! Reads cost O(workers + orphans) per pass, never O(streams): one fleet query,
+//! A full pass reads O(workers + orphans), never O(streams): one fleet query,
 //! a few peers' items, and the unowned partitions only when something was
 //! released (a peer's `released_at_ms` moved), orphans were seen recently, or
-//! [`UNOWNED_SCAN_PERIOD`] passed.
+//! [`UNOWNED_SCAN_PERIOD`] passed. At steady state most passes are quiet
+//! (`quiet`): they read the change counter and the watched peers, once a
+//! second.
 
 use super::fair_share::{AcquirePolicy, FleetView, Orphan, classify_free, handoff_count};
 use super::overdue::Observer;
@@ -105,6 +107,8 @@ pub(crate) struct Acquirer {
     /// handed over for fair share only when nothing else can be, so a move
     /// is not undone by the rebalancing it causes.
     pub(super) moved_in: HashSet<StreamKey>,
+    /// The change counter and what quiet passes remember.
+    pub(super) quiet: super::quiet::QuietState,
 }
 
 impl Acquirer {
@@ -142,11 +146,17 @@ impl Acquirer {
             reported: HashSet::new(),
             legacy_index,
             moved_in: HashSet::new(),
+            quiet: super::quiet::QuietState::default(),
         }
     }
 
     /// One pass. Errors are logged by the caller; the next pass starts over.
     pub(crate) async fn pass(&mut self) -> Result<(), StoreError> {
+        let now = Instant::now();
+        if self.may_stay_quiet(now) && !self.quiet_pass(now).await? {
+            let fleet = self.quiet.fleet.clone();
+            return self.audit_if_due(now, &fleet).await;
+        }
         let fleet = self.ctx.store.fleet().await?;
         for m in &fleet.malformed {
             self.report_malformed(&m.pk, &m.detail);
@@ -198,13 +208,25 @@ impl Acquirer {
             .set(candidates.len() as i64);
         self.acquire(candidates).await;
         self.hand_over();
+        self.audit_if_due(now, &fleet.workers).await?;
+        self.quiet.full_pass(fleet.workers, now);
+        Ok(())
+    }
+
+    /// The audit, when asked for or due; with it, now and then, a look for
+    /// enrolled incarnations `workers` (the fleet) does not list.
+    async fn audit_if_due(
+        &mut self,
+        now: Instant,
+        workers: &[FleetEntry],
+    ) -> Result<(), StoreError> {
         let audit_due = now.duration_since(self.last_audit)
             >= self.ctx.settings.heartbeat_interval * AUDIT_HEARTBEATS;
         if self.registry.take_audit_request() || audit_due {
             self.last_audit = now;
             self.audit().await?;
             if audit_due {
-                self.find_vanished(&fleet.workers).await?;
+                self.find_vanished(workers).await?;
             }
         }
         Ok(())
@@ -563,6 +585,10 @@ impl Acquirer {
             h.signals.handoff.cancel();
         }
         self.last_handoff = Some(Instant::now());
+        // Ahead of the releases (the release marker follows them): quiet
+        // peers start full passes now and find the streams as they land.
+        let store = self.ctx.store.clone();
+        tokio::spawn(async move { store.announce_change().await });
     }
 
     /// Reconciles this incarnation's streams with the table, level-triggered,

@@ -9,8 +9,8 @@ use crate::lease::{FleetEntry, Incarnation, StoreError, WorkerState};
 use crate::worker::settings::PEER_SILENCE_HEARTBEATS;
 use tokio::time::Instant;
 
-/// Peers each worker reads every pass (the rest every heartbeat).
-const WATCHED_PEERS: usize = 2;
+use super::quiet::WATCHED_PEERS;
+
 impl Acquirer {
     /// Reads peers' items (a few every pass, all every heartbeat), updates the
     /// fleet view, and declares overdue peers dead.
@@ -32,8 +32,10 @@ impl Acquirer {
         } else {
             successors(&self.me, &live, WATCHED_PEERS)
         };
-        let records = self.ctx.store.workers(&to_read).await?;
+        let read = self.ctx.store.watch(&to_read).await?;
+        let records = read.workers;
         let now = Instant::now();
+        self.quiet.saw(read.changes, now);
         for r in &records {
             self.observer.observe(r, now);
         }
@@ -51,6 +53,14 @@ impl Acquirer {
                     .collect(),
             };
             self.ctx.metrics.live_workers.set(self.view.live() as i64);
+            // One LIVE peer of an earlier release, which does not move the
+            // change counter, and every pass is full.
+            self.quiet.set_peers_announce(
+                records
+                    .iter()
+                    .filter(|r| r.state == WorkerState::Live)
+                    .all(|r| r.announces_changes),
+            );
             let duplicates = records
                 .iter()
                 .filter(|r| {

@@ -51,6 +51,8 @@ pub(crate) struct Liveness {
     handled: Vec<String>,
     /// The chores of an earlier heartbeat, still running beside this one.
     chores: Option<AbortOnDropHandle<ChoresDone>>,
+    /// The load peers were last told about through the change counter.
+    announced_held: Option<u64>,
 }
 
 /// What a heartbeat leaves to be written off its critical path.
@@ -113,6 +115,7 @@ impl Liveness {
             version: 0,
             handled: Vec::new(),
             chores: None,
+            announced_held: None,
         }
     }
 
@@ -177,6 +180,14 @@ impl Liveness {
             Ok(RenewOutcome::Renewed { changed }) => {
                 metrics.renewals.get_or_create(&[("result", "ok")]).inc();
                 self.fence.confirm(sent);
+                // A load that changed is news for fair share: peers reading
+                // the change counter refresh their view. Off the critical
+                // path, like the chores.
+                if self.announced_held != Some(renewal.held) {
+                    self.announced_held = Some(renewal.held);
+                    let store = self.ctx.store.clone();
+                    tokio::spawn(async move { store.announce_change().await });
+                }
                 self.handled = changed.iter().map(|e| e.raw.clone()).collect();
                 for entry in &changed {
                     if let Some(h) = self.registry.get(&entry.key) {

@@ -108,29 +108,20 @@ async fn one(ctx: &Ctx, case: Case) -> anyhow::Result<Value> {
     let settled = settle(&workers, heartbeat * 3, limit).await?;
     model.reset();
     let before = ownership_changes(&workers).await?;
+    let reads_before = units_by_operation(&workers, "read").await?;
     let t0 = Instant::now();
     tokio::time::sleep(ctx.profile.cost_window).await;
     let report = model.report();
     let churn = ownership_changes(&workers).await? - before;
     let hours = t0.elapsed().as_secs_f64() / 3600.0;
-    // Where the write units went, by operation, as the workers counted them
-    // (whole run, not only the window).
-    let mut by_operation = std::collections::BTreeMap::<String, f64>::new();
-    for w in &workers {
-        let text = w.metrics().await.map_err(anyhow::Error::msg)?;
-        for line in text
-            .lines()
-            .filter(|l| l.starts_with("tether_dynamodb_consumed_write_units_total{"))
-        {
-            if let (Some(op), Some(v)) = (
-                line.split("operation=\"")
-                    .nth(1)
-                    .and_then(|r| r.split('"').next()),
-                line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
-            ) {
-                *by_operation.entry(op.to_string()).or_default() += v;
-            }
-        }
+    // Where the units went, by operation, as the workers counted them: writes
+    // over the whole run, reads per worker-hour in the window.
+    let by_operation = units_by_operation(&workers, "write").await?;
+    let mut reads_by_operation = units_by_operation(&workers, "read").await?;
+    for (op, units) in &mut reads_by_operation {
+        *units = ((*units - reads_before.get(op).copied().unwrap_or(0.0))
+            / (WORKERS as f64 * hours))
+            .round();
     }
     stop_all(&mut workers).await;
     let streams = names.len() as f64;
@@ -150,6 +141,7 @@ async fn one(ctx: &Ctx, case: Case) -> anyhow::Result<Value> {
         "read_units": report.read_units,
         "hottest_write_key": report.hottest_write_key,
         "write_units_by_operation_whole_run": by_operation,
+        "rru_per_worker_hour_by_operation": reads_by_operation,
         "settle_s": settled.as_secs_f64(),
         "ownership_changes_in_window": churn,
         "hottest_write_units_per_s": report.hottest_write_units_per_s,
@@ -157,6 +149,30 @@ async fn one(ctx: &Ctx, case: Case) -> anyhow::Result<Value> {
         "monthly_usd_writes_10000_streams": monthly(wru, PRICE_PER_MILLION_WRU, 10_000.0).round(),
         "monthly_usd_reads_10000_streams": monthly(rru, PRICE_PER_MILLION_RRU, 10_000.0).round(),
     }))
+}
+
+/// Capacity units (`kind`: `read` or `write`) the workers counted so far, summed
+/// over the fleet, by operation.
+async fn units_by_operation(
+    workers: &[WorkerProcess],
+    kind: &str,
+) -> anyhow::Result<std::collections::BTreeMap<String, f64>> {
+    let prefix = format!("tether_dynamodb_consumed_{kind}_units_total{{");
+    let mut by_operation = std::collections::BTreeMap::<String, f64>::new();
+    for w in workers {
+        let text = w.metrics().await.map_err(anyhow::Error::msg)?;
+        for line in text.lines().filter(|l| l.starts_with(&prefix)) {
+            if let (Some(op), Some(v)) = (
+                line.split("operation=\"")
+                    .nth(1)
+                    .and_then(|r| r.split('"').next()),
+                line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
+            ) {
+                *by_operation.entry(op.to_string()).or_default() += v;
+            }
+        }
+    }
+    Ok(by_operation)
 }
 
 /// Acquires and releases made so far, fleet-wide, whatever their result.

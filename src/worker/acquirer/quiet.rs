@@ -1,0 +1,136 @@
+//! Quiet passes: at steady state a worker reads the fleet's change counter
+//! and the peers it watches, in one request a second, instead of querying
+//! the fleet and the unowned partitions every pass.
+//!
+//! A pass is *full* (today's reads: fleet, peers, unowned partitions,
+//! departed incarnations) while anything may need doing: the counter moved
+//! within [`BUSY_HEARTBEATS`] heartbeats (the window covers the index's lag
+//! behind the write that moved it, and the load changes a move causes), this
+//! worker has orphans, unanswered acquires, departed incarnations to take
+//! from, a recent handoff or acquire, the fleet is off its fair share, a
+//! watched peer missed its renewal or is no longer LIVE, a peer of an earlier
+//! release runs (it does not move the counter), or the last full pass is
+//! [`FULL_PASS_PERIOD`] old (a bump lost with its writer, or a writer of an
+//! earlier release, costs at most that). Otherwise the pass is *quiet*: it
+//! reads the counter and the watched peers every [`WATCH_PERIOD`], and every
+//! pass while a watched peer's renewal is due, so a death is seen as soon as
+//! when every pass read it.
+//!
+//! Reads only ever decide *when* to look: every ownership change is still a
+//! conditional write, so a quiet pass can delay a pickup and never cause an
+//! overlap.
+
+use super::overdue::successors;
+use super::pass::{Acquirer, live_incarnations};
+use crate::lease::{FleetEntry, StoreError, WorkerState};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How often a quiet worker reads the change counter (and its watched peers).
+pub(super) const WATCH_PERIOD: Duration = Duration::from_secs(1);
+/// Longest time between two full passes.
+pub(super) const FULL_PASS_PERIOD: Duration = Duration::from_secs(30);
+/// Passes stay full this many heartbeats after the counter moved.
+pub(super) const BUSY_HEARTBEATS: u32 = 2;
+/// Peers each worker watches (the ring successors): every worker is watched
+/// by this many others.
+pub(super) const WATCHED_PEERS: usize = 2;
+
+/// What quiet passes need to remember.
+#[derive(Debug, Default)]
+pub(super) struct QuietState {
+    /// The change counter as last read.
+    changes: Option<u64>,
+    /// When the counter was last seen to move (or first read).
+    moved_at: Option<Instant>,
+    last_watch: Option<Instant>,
+    last_full: Option<Instant>,
+    /// Every LIVE peer of the last full refresh moves the counter.
+    peers_announce: bool,
+    /// The fleet as the last full pass read it.
+    pub(super) fleet: Vec<FleetEntry>,
+}
+
+impl QuietState {
+    /// Records a read of the counter; `true` when it moved.
+    pub(super) fn saw(&mut self, changes: u64, now: Instant) -> bool {
+        let moved = self.changes != Some(changes);
+        if moved {
+            self.changes = Some(changes);
+            self.moved_at = Some(now);
+        }
+        self.last_watch = Some(now);
+        moved
+    }
+
+    /// Records a full pass over `fleet`, whose LIVE peers' items said whether
+    /// each moves the counter (`peers_announce`, from the last full refresh).
+    pub(super) fn full_pass(&mut self, fleet: Vec<FleetEntry>, now: Instant) {
+        self.fleet = fleet;
+        self.last_full = Some(now);
+    }
+
+    pub(super) fn set_peers_announce(&mut self, all: bool) {
+        self.peers_announce = all;
+    }
+}
+
+impl Acquirer {
+    /// Whether this pass may be quiet (see the module's documentation).
+    pub(super) fn may_stay_quiet(&self, now: Instant) -> bool {
+        let q = &self.quiet;
+        let heartbeat = self.ctx.settings.heartbeat_interval;
+        let recent = |t: Option<Instant>, within: Duration| {
+            t.is_some_and(|t| now.duration_since(t) < within)
+        };
+        let staying = self.registry.staying() as u64;
+        q.peers_announce
+            && !self.legacy_index
+            && q.changes.is_some()
+            && !recent(q.moved_at, heartbeat * BUSY_HEARTBEATS)
+            && recent(q.last_full, FULL_PASS_PERIOD)
+            && !self.orphans_seen
+            && self.pending.is_empty()
+            && !self.ended_due(&q.fleet, now)
+            && !recent(self.last_handoff, heartbeat * BUSY_HEARTBEATS)
+            && !recent(self.last_acquired, heartbeat * BUSY_HEARTBEATS)
+            && self.fence.is_valid()
+            && (!self.ctx.settings.rebalance || self.view.balanced(staying))
+    }
+
+    /// A quiet pass: reads the counter and the watched peers when due; `true`
+    /// when what it read calls for a full pass.
+    pub(super) async fn quiet_pass(&mut self, now: Instant) -> Result<bool, StoreError> {
+        let live = live_incarnations(&self.quiet.fleet);
+        let watched = successors(&self.me, &live, WATCHED_PEERS);
+        let renewal_due = watched.iter().any(|p| {
+            self.observer.still_for(p, now).is_some_and(|still| {
+                still + self.ctx.settings.reconcile_interval * 2
+                    >= self.ctx.settings.heartbeat_interval
+            })
+        });
+        let watch_due = self
+            .quiet
+            .last_watch
+            .is_none_or(|t| now.duration_since(t) >= WATCH_PERIOD);
+        if !(watch_due || renewal_due) {
+            return Ok(false);
+        }
+        let read = self.ctx.store.watch(&watched).await?;
+        let now = Instant::now();
+        for r in &read.workers {
+            self.observer.observe(r, now);
+        }
+        let moved = self.quiet.saw(read.changes, now);
+        // Only the watched peers are read here: the others' versions are
+        // as old as the last full pass, and are their own watchers' to judge.
+        let trouble = read.workers.len() < watched.len()
+            || read.workers.iter().any(|r| r.state != WorkerState::Live)
+            || self
+                .observer
+                .overdue(now)
+                .iter()
+                .any(|(p, _)| watched.contains(p));
+        Ok(moved || trouble)
+    }
+}

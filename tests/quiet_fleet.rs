@@ -1,0 +1,139 @@
+//! A quiet fleet reads the change counter instead of the fleet: at steady
+//! state workers stop querying the fleet and the unowned partitions, and every
+//! kind of change still reaches them at once through the counter (a new
+//! stream, a newcomer, a crash, a shutdown), well before the fallback full
+//! pass every 30 s would.
+
+use nix::sys::signal::Signal;
+use std::time::Duration;
+use tether_testkit::bed::{Bed, BedOptions};
+use tether_testkit::processes::{WorkerProcess, metric_sum};
+
+const EXE: &str = env!("CARGO_BIN_EXE_tether");
+
+/// Requests of one operation a worker made so far.
+async fn requests(w: &WorkerProcess, operation: &str) -> f64 {
+    let text = w.metrics().await.unwrap();
+    metric_sum(
+        &text,
+        "tether_dynamodb_requests_total",
+        &format!("operation=\"{operation}\""),
+    )
+}
+
+/// Waits until none of `workers` queried the fleet for two seconds.
+async fn until_quiet(workers: &[&WorkerProcess]) {
+    Bed::wait(Duration::from_secs(30), "the fleet goes quiet", || async {
+        let mut before = Vec::new();
+        for w in workers {
+            before.push(requests(w, "query_fleet").await);
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for (w, b) in workers.iter().zip(before) {
+            if requests(w, "query_fleet").await != b {
+                return false;
+            }
+        }
+        true
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_fleet_reads_the_change_counter_and_still_acts_on_every_change() {
+    let bed = Bed::start(
+        EXE,
+        BedOptions {
+            rate: 10,
+            ..BedOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut names = bed.apply("q", 10).await.unwrap();
+    let a = bed.fleet.spawn("a").unwrap();
+    let mut b = bed.fleet.spawn("b").unwrap();
+    Bed::wait(Duration::from_secs(30), "5 streams each", || async {
+        let load = bed.loads().await;
+        load.len() == 2 && load.values().all(|n| *n == 5) && bed.connected_once(&names)
+    })
+    .await
+    .unwrap();
+
+    // Steady state: over six seconds (eight heartbeats) neither worker
+    // queries the fleet or the unowned partitions; both still watch.
+    until_quiet(&[&a, &b]).await;
+    let ops = ["query_fleet", "query_unowned", "batch_get_workers"];
+    let mut before = Vec::new();
+    for w in [&a, &b] {
+        for op in ops {
+            before.push(requests(w, op).await);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let mut i = 0;
+    for (w, name) in [(&a, "a"), (&b, "b")] {
+        let mut made = Vec::new();
+        for op in ops {
+            made.push(requests(w, op).await - before[i]);
+            i += 1;
+        }
+        assert_eq!(
+            (made[0], made[1]),
+            (0.0, 0.0),
+            "worker {name} queried the fleet / unowned partitions while nothing changed"
+        );
+        assert!(made[2] >= 5.0, "worker {name} stopped watching: {made:?}");
+    }
+
+    // A stream created while the fleet is quiet is taken at once.
+    names.extend(bed.apply("late", 1).await.unwrap());
+    Bed::wait(
+        Duration::from_secs(5),
+        "the new stream connected",
+        || async { bed.connected_once(&names) },
+    )
+    .await
+    .unwrap();
+
+    // A newcomer joining a quiet fleet gets its share.
+    until_quiet(&[&a, &b]).await;
+    let mut c = bed.fleet.spawn("c").unwrap();
+    Bed::wait(
+        Duration::from_secs(10),
+        "three workers hold 3 or 4 each",
+        || async {
+            let load = bed.loads().await;
+            load.len() == 3 && load.values().all(|n| (3..=4).contains(n))
+        },
+    )
+    .await
+    .unwrap();
+
+    // A crash in a quiet fleet: its streams move within about a lease (3 s).
+    until_quiet(&[&a, &b, &c]).await;
+    b.signal(Signal::SIGKILL).unwrap();
+    let _ = b.wait(Duration::from_secs(5)).await;
+    Bed::wait(
+        Duration::from_secs(8),
+        "b's streams moved to a and c",
+        || async {
+            let load = bed.loads().await;
+            load.len() == 2 && load.values().sum::<usize>() == 11
+        },
+    )
+    .await
+    .unwrap();
+
+    // A shutdown in a quiet fleet: its streams are handed over at once.
+    until_quiet(&[&a, &c]).await;
+    c.signal(Signal::SIGTERM).unwrap();
+    let _ = c.wait(Duration::from_secs(15)).await;
+    Bed::wait(Duration::from_secs(4), "a holds all 11", || async {
+        bed.owned_by("a").await == 11
+    })
+    .await
+    .unwrap();
+    bed.assert_safe(&names, 0);
+}
