@@ -7,38 +7,11 @@
 use nix::sys::signal::Signal;
 use std::time::Duration;
 use tether_testkit::bed::{Bed, BedOptions};
-use tether_testkit::processes::{WorkerProcess, metric_sum};
+use tether_testkit::processes::until_quiet;
 
 const EXE: &str = env!("CARGO_BIN_EXE_tether");
-
-/// Requests of one operation a worker made so far.
-async fn requests(w: &WorkerProcess, operation: &str) -> f64 {
-    let text = w.metrics().await.unwrap();
-    metric_sum(
-        &text,
-        "tether_dynamodb_requests_total",
-        &format!("operation=\"{operation}\""),
-    )
-}
-
-/// Waits until none of `workers` queried the fleet for two seconds.
-async fn until_quiet(workers: &[&WorkerProcess]) {
-    Bed::wait(Duration::from_secs(30), "the fleet goes quiet", || async {
-        let mut before = Vec::new();
-        for w in workers {
-            before.push(requests(w, "query_fleet").await);
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        for (w, b) in workers.iter().zip(before) {
-            if requests(w, "query_fleet").await != b {
-                return false;
-            }
-        }
-        true
-    })
-    .await
-    .unwrap();
-}
+/// Longest wait for a fleet to go quiet.
+const QUIET: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_fleet_reads_the_change_counter_and_still_acts_on_every_change() {
@@ -63,12 +36,12 @@ async fn a_quiet_fleet_reads_the_change_counter_and_still_acts_on_every_change()
 
     // Steady state: over six seconds (eight heartbeats) neither worker
     // queries the fleet or the unowned partitions; both still watch.
-    until_quiet(&[&a, &b]).await;
+    until_quiet(&[&a, &b], QUIET).await.unwrap();
     let ops = ["query_fleet", "query_unowned", "batch_get_workers"];
     let mut before = Vec::new();
     for w in [&a, &b] {
         for op in ops {
-            before.push(requests(w, op).await);
+            before.push(w.requests(op).await);
         }
     }
     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -76,7 +49,7 @@ async fn a_quiet_fleet_reads_the_change_counter_and_still_acts_on_every_change()
     for (w, name) in [(&a, "a"), (&b, "b")] {
         let mut made = Vec::new();
         for op in ops {
-            made.push(requests(w, op).await - before[i]);
+            made.push(w.requests(op).await - before[i]);
             i += 1;
         }
         assert_eq!(
@@ -98,7 +71,7 @@ async fn a_quiet_fleet_reads_the_change_counter_and_still_acts_on_every_change()
     .unwrap();
 
     // A newcomer joining a quiet fleet gets its share.
-    until_quiet(&[&a, &b]).await;
+    until_quiet(&[&a, &b], QUIET).await.unwrap();
     let mut c = bed.fleet.spawn("c").unwrap();
     Bed::wait(
         Duration::from_secs(10),
@@ -112,7 +85,7 @@ async fn a_quiet_fleet_reads_the_change_counter_and_still_acts_on_every_change()
     .unwrap();
 
     // A crash in a quiet fleet: its streams move within about a lease (3 s).
-    until_quiet(&[&a, &b, &c]).await;
+    until_quiet(&[&a, &b, &c], QUIET).await.unwrap();
     b.signal(Signal::SIGKILL).unwrap();
     let _ = b.wait(Duration::from_secs(5)).await;
     Bed::wait(
@@ -127,7 +100,7 @@ async fn a_quiet_fleet_reads_the_change_counter_and_still_acts_on_every_change()
     .unwrap();
 
     // A shutdown in a quiet fleet: its streams are handed over at once.
-    until_quiet(&[&a, &c]).await;
+    until_quiet(&[&a, &c], QUIET).await.unwrap();
     c.signal(Signal::SIGTERM).unwrap();
     let _ = c.wait(Duration::from_secs(15)).await;
     Bed::wait(Duration::from_secs(4), "a holds all 11", || async {

@@ -677,11 +677,18 @@ async fn a_stream_deleted_and_applied_again_after_its_owner_crashed_starts_from_
 }
 
 /// Desired state reaches the owner level-triggered (property 5b): a STOPPED
-/// and a new URL written into the items with nobody telling the owner (a
-/// notification lost, or never sent) are acted on at the owner's audit.
+/// written into an item with nobody telling the owner is acted on at the
+/// owner's audit (the index shows it); a new spec whose notification was lost
+/// with its writer is told again by the next mirror of the resource (here
+/// `apply` run again), which finds the item already written and its owner
+/// still serving the older generation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_nobody_announced_are_acted_on_by_the_owners_audit() {
-    let bed = bed().await;
+    let mut bed = bed().await;
+    // Audits every 20 s: the sweep that re-reads every held item (once per 32
+    // audits) cannot be what acts on the new spec within the test's 10 s.
+    bed.fleet.workers.lease_duration = Duration::from_secs(15);
+    bed.fleet.workers.heartbeat_interval = Duration::from_secs(5);
     let names = bed.apply("quiet", 2).await.unwrap();
     let _w = bed.fleet.spawn("w").unwrap();
     eventually(Duration::from_secs(20), "both streams are served", || {
@@ -700,12 +707,25 @@ async fn changes_nobody_announced_are_acted_on_by_the_owners_audit() {
     set(&names[0], "desired_state", "STOPPED".into())
         .await
         .unwrap();
+    // A new spec and generation, as a mirror writes them, and no notification.
     let moved = "quiet-moved";
-    set(&names[1], "ws_url", bed.upstream.url(moved))
+    let mut spec = bed.spec(&names[1]);
+    spec.url = bed.upstream.url(moved);
+    let desired = spec.to_desired(bed.key(&names[1]), 2, None);
+    set(&names[1], "ws_url", desired.ws_url.clone())
+        .await
+        .unwrap();
+    set(&names[1], "spec", desired.spec.clone()).await.unwrap();
+    raw.update_item()
+        .table_name(bed.store.table())
+        .key("Pk", AttributeValue::S(bed.key(&names[1]).pk()))
+        .update_expression("SET generation = :g")
+        .expression_attribute_values(":g", AttributeValue::N("2".into()))
+        .send()
         .await
         .unwrap();
     eventually(
-        Duration::from_secs(20),
+        Duration::from_secs(40),
         "the stopped stream is closed and released",
         || async {
             let item = bed.store.get(&bed.key(&names[0])).await.unwrap().unwrap();
@@ -714,8 +734,17 @@ async fn changes_nobody_announced_are_acted_on_by_the_owners_audit() {
         },
     )
     .await;
+    assert!(
+        bed.upstream.open_sessions().contains_key(names[1].as_str()),
+        "the unannounced spec was acted on before anyone mirrored it again"
+    );
+    // Mirrored again: the item already matches, its owner serves generation 1.
+    assert_eq!(
+        bed.store.upsert_desired(&desired).await.unwrap(),
+        tether::lease::UpsertOutcome::Unchanged
+    );
     eventually(
-        Duration::from_secs(30),
+        Duration::from_secs(10),
         "the changed stream reads its new URL",
         || async {
             let open = bed.upstream.open_sessions();

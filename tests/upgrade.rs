@@ -2,7 +2,9 @@
 //! new index while 0.1 workers run, old and new workers share one table
 //! during a rolling upgrade without ever both owning a stream, and the old
 //! index is dropped at the end. The 0.1 binary is built from this
-//! repository's history (`scripts/legacy-binary`).
+//! repository's history (`scripts/legacy-binary`). And a rolling upgrade
+//! from 0.2, whose workers do not move the change counter: the new workers
+//! make full passes while one of them runs, and go quiet once none does.
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use nix::sys::signal::Signal;
@@ -26,17 +28,24 @@ const EXE: &str = env!("CARGO_BIN_EXE_tether");
 
 /// The 0.1 binary: `$TETHER_LEGACY_BIN`, else built (once) by the script.
 fn legacy_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("TETHER_LEGACY_BIN") {
+    release_binary("TETHER_LEGACY_BIN", "0.1")
+}
+
+/// An earlier release: the binary `$variable` names, else built (once) by
+/// `scripts/legacy-binary`.
+fn release_binary(variable: &str, version: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(variable) {
         return path.into();
     }
     let out = std::process::Command::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/scripts/legacy-binary"
     ))
+    .args(["debug", version])
     .stderr(Stdio::inherit())
     .output()
     .expect("scripts/legacy-binary runs");
-    assert!(out.status.success(), "building tether 0.1 failed");
+    assert!(out.status.success(), "building tether {version} failed");
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
@@ -384,4 +393,88 @@ async fn a_version_1_table_is_upgraded_in_place_and_its_leases_are_honoured() {
     ));
     assert_eq!(store.finish_upgrade().await.unwrap(), 0);
     assert!(!store.check_table().await.unwrap().legacy_index);
+}
+
+/// Rolling from 0.2 (the release before the change counter) on one table:
+/// while a 0.2 worker is LIVE the new ones make full passes (0.2 releases
+/// move no counter), its drained streams are taken at once, nothing is
+/// served twice or lost, and once the fleet is all new it goes quiet and
+/// still takes a new stream at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_upgrade_from_0_2_keeps_full_passes_until_every_worker_moves_the_counter() {
+    let previous = release_binary("TETHER_PREVIOUS_BIN", "0.2");
+    let bed = Bed::start(
+        EXE,
+        tether_testkit::bed::BedOptions {
+            rate: 10,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut names = bed.apply("roll", 8).await.unwrap();
+    let mut old_fleet = bed.fleet.clone();
+    old_fleet.workers.exe = previous;
+    let mut old_a = old_fleet.spawn("old-a").unwrap();
+    let mut old_b = old_fleet.spawn("old-b").unwrap();
+    Bed::wait(Duration::from_secs(30), "0.2 serves 4 each", || async {
+        let load = bed.loads().await;
+        load.len() == 2 && load.values().all(|n| *n == 4) && bed.connected_once(&names)
+    })
+    .await
+    .unwrap();
+
+    // A new worker beside 0.2 ones keeps making full passes.
+    let new_c = bed.fleet.spawn("new-c").unwrap();
+    Bed::wait(Duration::from_secs(20), "new-c takes its share", || async {
+        bed.owned_by("new-c").await >= 2
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        new_c.queries_the_fleet(Duration::from_secs(3)).await,
+        "a new worker went quiet beside a 0.2 worker, whose releases move no counter"
+    );
+    // A 0.2 worker drains: its streams are taken at once.
+    old_a.signal(Signal::SIGTERM).unwrap();
+    assert!(old_a.wait(Duration::from_secs(15)).await.unwrap().success());
+    Bed::wait(
+        Duration::from_secs(5),
+        "old-a's streams are served again",
+        || async { bed.owned_by("old-a").await == 0 && bed.all_connected_once(&names).await },
+    )
+    .await
+    .unwrap();
+
+    let new_d = bed.fleet.spawn("new-d").unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    old_b.signal(Signal::SIGTERM).unwrap();
+    assert!(old_b.wait(Duration::from_secs(15)).await.unwrap().success());
+    Bed::wait(
+        Duration::from_secs(10),
+        "the new workers serve everything",
+        || async {
+            let load = bed.loads().await;
+            load.len() == 2
+                && load.values().sum::<usize>() == 8
+                && bed.all_connected_once(&names).await
+        },
+    )
+    .await
+    .unwrap();
+
+    // All new: quiet, and still quick to take a new stream.
+    tether_testkit::processes::until_quiet(&[&new_c, &new_d], Duration::from_secs(30))
+        .await
+        .unwrap();
+    names.extend(bed.apply("late", 1).await.unwrap());
+    Bed::wait(
+        Duration::from_secs(5),
+        "a stream applied to the quiet fleet is served",
+        || async { bed.connected_once(&names) },
+    )
+    .await
+    .unwrap();
+    bed.assert_safe(&names, 0);
 }

@@ -313,10 +313,15 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
         }
     };
     let mut view = read(key.clone()).await?;
-    let outcome = if view
+    let outcome = if let Some(v) = view
         .as_ref()
-        .is_some_and(|v| LeaseStore::mirrors(&v.record, &desired))
+        .filter(|v| LeaseStore::mirrors(&v.record, &desired))
     {
+        // Mirrored, but its owner still runs an older generation: the
+        // notification may have been lost with the writer that owed it.
+        if let Some(owner) = crate::lease::owner_behind(&v.record) {
+            ctx.store.notify_owner(&owner, &key).await?;
+        }
         UpsertOutcome::Unchanged
     } else {
         // A copy that does not mirror `desired` is never served from the

@@ -109,6 +109,28 @@ fn matches(current: &StreamRecord, desired: &DesiredStream) -> bool {
         && free_holder_ok
 }
 
+/// The owner to tell again about `record`'s spec: one that has served an
+/// earlier generation than the item holds and is not known to have moved on.
+/// A notification is lost when its writer stops between the item write and
+/// the notification (a controller losing its leadership or crashing, a CLI
+/// killed): the write is not repeated, since the item already matches, so
+/// whoever mirrors the resource again (the next leader's first pass, a retry
+/// after an error, `tether apply` run again) tells the owner instead. The
+/// owner re-reads the item and acts only on what differs, so a needless
+/// notification costs one read.
+pub fn owner_behind(record: &StreamRecord) -> Option<super::keys::Incarnation> {
+    match record.ownership() {
+        Ownership::Owned(owner)
+            if record
+                .served_generation
+                .is_some_and(|served| served < record.generation) =>
+        {
+            Some(owner)
+        }
+        _ => None,
+    }
+}
+
 impl LeaseStore {
     /// Whether `record` already carries `desired` (and would be left
     /// unchanged by [`LeaseStore::upsert_desired`]): lets the controller skip
@@ -138,6 +160,9 @@ impl LeaseStore {
                 }
                 if matches(c, desired) {
                     if !wrote {
+                        if let Some(owner) = owner_behind(c) {
+                            self.notify_owner(&owner, key).await?;
+                        }
                         return Ok(UpsertOutcome::Unchanged);
                     }
                     if let Ownership::Owned(owner) = c.ownership() {
@@ -418,5 +443,38 @@ fn refusal(current: &StreamRecord, desired: &DesiredStream) -> Option<UpsertRefu
             })
         }
         None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::{Incarnation, OWNED_EXPIRY_MS};
+
+    fn owned_at(generation: i64, served: Option<i64>) -> (StreamRecord, Incarnation) {
+        let owner = Incarnation::new("w");
+        let record = StreamRecord {
+            lease_owner: Some(owner.as_str().into()),
+            lease_expires_at_ms: OWNED_EXPIRY_MS,
+            generation,
+            served_generation: served,
+            ..StreamRecord::for_test(StreamKey::new("d", "s"))
+        };
+        (record, owner)
+    }
+
+    #[test]
+    fn only_an_owner_serving_an_older_generation_is_told_again() {
+        let (behind, owner) = owned_at(3, Some(2));
+        assert_eq!(owner_behind(&behind), Some(owner));
+        // Serving it, or nothing written yet (it read the item when it took it).
+        assert_eq!(owner_behind(&owned_at(3, Some(3)).0), None);
+        assert_eq!(owner_behind(&owned_at(3, None).0), None);
+        // Nobody to tell.
+        let free = StreamRecord {
+            lease_expires_at_ms: 0,
+            ..behind
+        };
+        assert_eq!(owner_behind(&free), None);
     }
 }

@@ -27,11 +27,15 @@ pub(super) const UNOWNED_SCAN_PERIOD: Duration = Duration::from_secs(1);
 /// not served (an acquire whose answer was lost, a task that died) is adopted.
 pub(super) const AUDIT_HEARTBEATS: u32 = 4;
 /// Each held stream's item is re-read by its holder every this many audits
-/// (a share of them at each audit), so a spec change whose notification was
-/// lost is acted on within `AUDIT_HEARTBEATS × CONTROL_SWEEP_AUDITS`
-/// heartbeats (64 s with the defaults); STOPPED and deletions show in the
-/// index and are acted on at the next audit.
-pub(super) const CONTROL_SWEEP_AUDITS: u64 = 4;
+/// (a share of them at each audit): the last resort for a spec written with
+/// no notification at all (by hand, or by a writer of an earlier release),
+/// acted on within `AUDIT_HEARTBEATS × CONTROL_SWEEP_AUDITS` heartbeats
+/// (8.5 min with the defaults). A notification lost with its writer is
+/// repaired sooner, by whoever mirrors the resource next
+/// (`lease::owner_behind`); STOPPED and deletions show in the index and are
+/// acted on at the next audit. Every 64 s, as before, this sweep was half
+/// of a quiet worker's reads at 100 streams.
+pub(super) const CONTROL_SWEEP_AUDITS: u64 = 32;
 /// Share of the drain timeout a stream's session may take to flush and close;
 /// the rest is for releasing (a slow sink must never cost the release).
 pub(super) const DRAIN_STOP_SHARE: f64 = 0.5;

@@ -130,6 +130,24 @@ impl WorkerProcess {
         self.get("/metrics").await.map(|(_, body)| body)
     }
 
+    /// DynamoDB requests of one operation (`query_fleet`, ...) made so far.
+    pub async fn requests(&self, operation: &str) -> f64 {
+        let text = self.metrics().await.unwrap_or_default();
+        metric_sum(
+            &text,
+            "tether_dynamodb_requests_total",
+            &format!("operation=\"{operation}\""),
+        )
+    }
+
+    /// Whether the worker queried the fleet within `window` (waits it out):
+    /// a worker making quiet passes does not.
+    pub async fn queries_the_fleet(&self, window: Duration) -> bool {
+        let before = self.requests("query_fleet").await;
+        tokio::time::sleep(window).await;
+        self.requests("query_fleet").await != before
+    }
+
     /// GET a path on the worker's metrics server: (status, body).
     pub async fn get(&self, path: &str) -> Result<(u16, String), String> {
         let url = format!("http://{}{path}", self.metrics_addr);
@@ -154,6 +172,21 @@ impl Drop for WorkerProcess {
         let _ = self.signal(Signal::SIGCONT);
         let _ = self.child.start_kill();
     }
+}
+
+/// Waits (at most `limit`) until none of `workers` queries the fleet for two
+/// seconds: they all make quiet passes.
+pub async fn until_quiet(workers: &[&WorkerProcess], limit: Duration) -> anyhow::Result<()> {
+    crate::bed::Bed::wait(limit, "the fleet goes quiet", || async {
+        let checks = workers
+            .iter()
+            .map(|w| w.queries_the_fleet(Duration::from_secs(2)));
+        !futures::future::join_all(checks)
+            .await
+            .into_iter()
+            .any(|busy| busy)
+    })
+    .await
 }
 
 /// Reads one gauge or counter value (without labels) from metrics text.

@@ -14,6 +14,8 @@ pub enum Design {
     Tether,
     Today,
     Seed,
+    /// Another tether build (`Ctx::baseline`), with tether's timings.
+    Baseline,
 }
 
 impl Design {
@@ -23,6 +25,7 @@ impl Design {
         match self {
             Design::Tether => "tether",
             Design::Today => "tether-0.1",
+            Design::Baseline => "tether-baseline",
             Design::Seed => "seed",
         }
     }
@@ -31,7 +34,7 @@ impl Design {
     pub fn timings(self, ctx: &Ctx) -> (Duration, Duration, Duration) {
         let p = &ctx.profile;
         match self {
-            Design::Tether => (p.lease, p.heartbeat, p.reconcile),
+            Design::Tether | Design::Baseline => (p.lease, p.heartbeat, p.reconcile),
             Design::Today => (p.v1_lease, p.v1_heartbeat, p.reconcile),
             Design::Seed => (p.v1_lease, p.v1_heartbeat, p.seed_reconcile),
         }
@@ -40,6 +43,10 @@ impl Design {
     fn exe(self, ctx: &Ctx) -> PathBuf {
         match self {
             Design::Tether => ctx.exe.clone(),
+            Design::Baseline => ctx
+                .baseline
+                .clone()
+                .expect("the baseline design runs only with TETHER_BENCH_BASELINE_BIN"),
             Design::Today | Design::Seed => ctx.legacy.clone(),
         }
     }
@@ -50,7 +57,7 @@ impl Design {
             rate,
             first_seq: 1,
             namespace: namespace.into(),
-            legacy_table: (self != Design::Tether).then(|| ctx.legacy.clone()),
+            legacy_table: matches!(self, Design::Today | Design::Seed).then(|| ctx.legacy.clone()),
             ..BedOptions::default()
         };
         Bed::start(self.exe(ctx), options).await
@@ -66,7 +73,7 @@ impl Design {
         fleet.workers.fence_margin = Duration::from_secs(1);
         fleet.workers.drain_timeout = Duration::from_secs(10);
         match self {
-            Design::Tether => {}
+            Design::Tether | Design::Baseline => {}
             Design::Today => fleet.extra_args = vec!["--max-clock-skew".into(), "2s".into()],
             Design::Seed => {
                 fleet.extra_args = vec![

@@ -120,6 +120,9 @@ pub struct Ctx {
     pub exe: PathBuf,
     /// The tether 0.1 binary.
     pub legacy: PathBuf,
+    /// Another tether build measured beside this one where a section
+    /// supports it (`TETHER_BENCH_BASELINE_BIN`): an A/B in the same run.
+    pub baseline: Option<PathBuf>,
     pub seed: u64,
 }
 
@@ -187,6 +190,7 @@ async fn main() -> anyhow::Result<()> {
         },
         exe,
         legacy,
+        baseline: std::env::var_os("TETHER_BENCH_BASELINE_BIN").map(PathBuf::from),
         seed,
     };
     let started = Instant::now();

@@ -163,6 +163,7 @@ fn markdown(r: &Value) -> String {
         for (label, x) in c.iter().filter(|(k, _)| *k != "prices") {
             let design = DESIGNS
                 .iter()
+                .chain(&["tether-baseline"])
                 .find(|d| label.starts_with(&format!("{d}_")))
                 .copied()
                 .unwrap_or("?");
@@ -181,6 +182,20 @@ fn markdown(r: &Value) -> String {
                 f(&x["monthly_usd_10000_streams"]),
                 f(&x["ownership_changes_in_window"])
             ));
+        }
+        md.push_str("\nRead units per worker-hour by operation, as the workers counted them in the window:\n\n");
+        for (label, x) in c.iter().filter(|(k, _)| *k != "prices") {
+            if let Some(ops) = x["rru_per_worker_hour_by_operation"]
+                .as_object()
+                .filter(|o| !o.is_empty())
+            {
+                let parts: Vec<String> = ops
+                    .iter()
+                    .filter(|(_, v)| v.as_f64().unwrap_or(0.0) > 0.0)
+                    .map(|(op, v)| format!("{op} {}", f(v)))
+                    .collect();
+                md.push_str(&format!("- {label}: {}\n", parts.join(", ")));
+            }
         }
         md.push('\n');
     }
