@@ -685,8 +685,9 @@ async fn a_stream_deleted_and_applied_again_after_its_owner_crashed_starts_from_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_nobody_announced_are_acted_on_by_the_owners_audit() {
     let mut bed = bed().await;
-    // Audits every 20 s: the sweep that re-reads every held item (once per 32
-    // audits) cannot be what acts on the new spec within the test's 10 s.
+    // Audits every 20 s, the first 20 s after the start: the sweep that
+    // re-reads every held item (once per 32 audits) cannot be what acts on
+    // the new spec, which is served within seconds of the start.
     bed.fleet.workers.lease_duration = Duration::from_secs(15);
     bed.fleet.workers.heartbeat_interval = Duration::from_secs(5);
     let names = bed.apply("quiet", 2).await.unwrap();
@@ -724,16 +725,6 @@ async fn changes_nobody_announced_are_acted_on_by_the_owners_audit() {
         .send()
         .await
         .unwrap();
-    eventually(
-        Duration::from_secs(40),
-        "the stopped stream is closed and released",
-        || async {
-            let item = bed.store.get(&bed.key(&names[0])).await.unwrap().unwrap();
-            !bed.upstream.open_sessions().contains_key(names[0].as_str())
-                && item.ownership() == Ownership::Free
-        },
-    )
-    .await;
     assert!(
         bed.upstream.open_sessions().contains_key(names[1].as_str()),
         "the unannounced spec was acted on before anyone mirrored it again"
@@ -749,6 +740,16 @@ async fn changes_nobody_announced_are_acted_on_by_the_owners_audit() {
         || async {
             let open = bed.upstream.open_sessions();
             open.get(moved) == Some(&1) && !open.contains_key(names[1].as_str())
+        },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(40),
+        "the stopped stream is closed and released",
+        || async {
+            let item = bed.store.get(&bed.key(&names[0])).await.unwrap().unwrap();
+            !bed.upstream.open_sessions().contains_key(names[0].as_str())
+                && item.ownership() == Ownership::Free
         },
     )
     .await;

@@ -1,8 +1,8 @@
 //! The fleet's change counter: one small item, `FLEET#CHANGES`, whose counter
 //! is moved by every write that may give a peer something to do, once that
-//! write landed. A worker joining, draining, releasing, leaving or declared
-//! dead; a worker's load changing; a stream created, started or re-created by
-//! the control plane.
+//! write landed. A worker starting to take streams, draining, releasing,
+//! leaving or declared dead; a worker's load changing; a stream created,
+//! started or re-created by the control plane.
 //!
 //! It lets a quiet fleet read almost nothing. A worker reads the counter
 //! together with the peers it watches (one request), and queries the fleet and
@@ -13,10 +13,13 @@
 //! not bump) only delays a pickup until the reader's next full pass. It can
 //! never let two owners in.
 //!
-//! Bumps are coalesced per process: while one is in flight, any number of
-//! further requests make one more bump after it. A burst (a controller
-//! creating thousands of streams) then writes the item about once per round
-//! trip, which keeps its key far below DynamoDB's per-key write limit.
+//! Bumps are coalesced per process by one detached task: a request made
+//! while a bump is in flight is covered by one more bump after it, whatever
+//! number of requests arrive meanwhile. A burst (a controller creating
+//! thousands of streams) then writes the item about once per round trip,
+//! far below DynamoDB's per-key write limit. The task is not the caller's:
+//! a caller that is cancelled loses nothing, and none is kept bumping for
+//! others.
 
 use super::client::LeaseStore;
 use super::codec::{attr, n, s};
@@ -24,6 +27,7 @@ use super::error::StoreError;
 use super::update::Update;
 use aws_sdk_dynamodb::types::ReturnValue;
 use std::sync::Mutex;
+use tokio::sync::watch;
 
 /// The change counter's item.
 pub const CHANGES_PK: &str = "FLEET#CHANGES";
@@ -31,62 +35,77 @@ pub const CHANGES_PK: &str = "FLEET#CHANGES";
 const CHANGES: &str = "changes";
 
 /// Coalesces this process's bumps (see the module's documentation).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Announcer {
     state: Mutex<AnnouncerState>,
+    /// The highest request number a finished bump covers.
+    covered: watch::Sender<u64>,
+}
+
+impl Default for Announcer {
+    fn default() -> Self {
+        Self {
+            state: Mutex::default(),
+            covered: watch::channel(0).0,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct AnnouncerState {
-    /// A caller is bumping now.
+    /// Requests made so far (each one's number).
+    requested: u64,
+    /// The bumping task runs.
     running: bool,
-    /// Someone asked for a bump after the one in flight began.
-    again: bool,
-}
-
-/// Clears `running` when the bumping caller finishes or is dropped midway.
-struct Running<'a>(&'a Announcer);
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        let mut state = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.running = false;
-        state.again = false;
-    }
 }
 
 impl LeaseStore {
-    /// Moves the change counter, after a write peers should act on landed.
-    /// Returns at once when a bump is already in flight (that caller bumps
-    /// once more for this one). Never fails: a bump that cannot be made is
-    /// logged, and readers find the change at their next full pass.
+    /// Moves the change counter, after a write peers should act on landed,
+    /// and returns once a bump begun after this call was made (so a process
+    /// about to exit has announced). Never fails: a bump that cannot be made
+    /// is logged, and readers find the change at their next full pass.
     pub async fn announce_change(&self) {
-        {
+        let mine = {
             let mut state = self
                 .announcer
                 .state
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            if state.running {
-                state.again = true;
-                return;
+            state.requested += 1;
+            if !state.running {
+                state.running = true;
+                tokio::spawn(self.clone().bump_until_covered());
             }
-            state.running = true;
-        }
-        let _running = Running(&self.announcer);
+            state.requested
+        };
+        let mut covered = self.announcer.covered.subscribe();
+        // The sender lives as long as this store: the wait ends.
+        let _ = covered.wait_for(|c| *c >= mine).await;
+    }
+
+    /// The bumping task: one bump per round of requests, until a bump covers
+    /// every request made before it began.
+    async fn bump_until_covered(self) {
         loop {
+            let target = self
+                .announcer
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .requested;
             if let Err(e) = self.bump_changes().await {
                 tracing::debug!(error = %e, "change counter not moved; peers find the change at their next full pass");
             }
+            self.announcer.covered.send_replace(target);
             let mut state = self
                 .announcer
                 .state
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            if !state.again {
+            if state.requested == target {
+                state.running = false;
                 return;
             }
-            state.again = false;
         }
     }
 

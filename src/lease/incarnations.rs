@@ -139,10 +139,9 @@ impl LeaseStore {
         }
         // After the item: an enrolled incarnation without an item is taken
         // for one whose item vanished, and declared dead.
-        self.enroll(me).await?;
-        // Peers hand streams over to a newcomer.
-        self.announce_change().await;
-        Ok(())
+        // Peers learn of a newcomer when it is ready to take streams: its
+        // acquirer announces itself after its first full pass.
+        self.enroll(me).await
     }
 
     /// Renews this incarnation: bumps the version, writes load and checkpoint
@@ -413,8 +412,8 @@ impl LeaseStore {
             Ok(_) => Some(WorkerState::Dead),
             Err(ConditionFailed) => self.worker(who).await?.map(|w| w.state),
         };
-        // Whoever marked it: a marker that crashed before its bump is
-        // covered by the next watcher that finds the mark.
+        // Whoever marked it. A marker that crashed before its bump leaves
+        // the others to the takers' load bumps, or their next full pass.
         if state == Some(WorkerState::Dead) {
             self.announce_change().await;
         }

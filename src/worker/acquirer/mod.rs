@@ -13,3 +13,4 @@ mod peers;
 mod quiet;
 
 pub(super) use pass::{Acquired, Acquirer};
+pub(super) use quiet::ANNOUNCE_AHEAD;

@@ -109,6 +109,9 @@ pub(crate) struct Acquirer {
     pub(super) moved_in: HashSet<StreamKey>,
     /// The change counter and what quiet passes remember.
     pub(super) quiet: super::quiet::QuietState,
+    /// Streams chosen to hand over, released once peers had time to see the
+    /// announcement ([`super::quiet::ANNOUNCE_AHEAD`]).
+    pub(super) deferred_handoff: Option<(Instant, Vec<HeldStream>)>,
 }
 
 impl Acquirer {
@@ -147,6 +150,7 @@ impl Acquirer {
             legacy_index,
             moved_in: HashSet::new(),
             quiet: super::quiet::QuietState::default(),
+            deferred_handoff: None,
         }
     }
 
@@ -157,6 +161,7 @@ impl Acquirer {
             let fleet = self.quiet.fleet.clone();
             return self.audit_if_due(now, &fleet).await;
         }
+        self.release_deferred(now);
         let fleet = self.ctx.store.fleet().await?;
         for m in &fleet.malformed {
             self.report_malformed(&m.pk, &m.detail);
@@ -209,7 +214,10 @@ impl Acquirer {
         self.acquire(candidates).await;
         self.hand_over();
         self.audit_if_due(now, &fleet.workers).await?;
-        self.quiet.full_pass(fleet.workers, now);
+        if self.quiet.full_pass(fleet.workers, now) {
+            // Ready to take streams: peers hand some over to a newcomer.
+            self.ctx.store.announce_change().await;
+        }
         Ok(())
     }
 
@@ -521,7 +529,11 @@ impl Acquirer {
         // and handing over would only move streams twice.
         let cooldown = self.ctx.settings.heartbeat_interval * HANDOFF_COOLDOWN_HEARTBEATS;
         let recent = |t: Option<Instant>| t.is_some_and(|t| t.elapsed() < cooldown);
-        if self.orphans_seen || recent(self.last_handoff) || recent(self.last_acquired) {
+        if self.orphans_seen
+            || self.deferred_handoff.is_some()
+            || recent(self.last_handoff)
+            || recent(self.last_acquired)
+        {
             return;
         }
         let staying = self.registry.staying() as u64;
@@ -580,15 +592,38 @@ impl Acquirer {
             ?peers,
             "handing streams over to rebalance the fleet"
         );
-        for h in movable.into_iter().take(count as usize) {
+        let chosen: Vec<HeldStream> = movable.into_iter().take(count as usize).collect();
+        // Announced ahead of the releases (the release marker follows them):
+        // quiet peers are making full passes when the streams land, and take
+        // them within a pass instead of at their next watch read.
+        let store = self.ctx.store.clone();
+        tokio::spawn(async move { store.announce_change().await });
+        self.deferred_handoff = Some((Instant::now() + super::quiet::ANNOUNCE_AHEAD, chosen));
+    }
+
+    /// Releases the streams chosen for a handoff once their announcement had
+    /// time to reach quiet peers.
+    fn release_deferred(&mut self, now: Instant) {
+        if self
+            .deferred_handoff
+            .as_ref()
+            .is_none_or(|(due, _)| now < *due)
+        {
+            return;
+        }
+        let Some((_, chosen)) = self.deferred_handoff.take() else {
+            return;
+        };
+        // The cooldown runs from the releases: loads are stale until the
+        // takers' next heartbeats, whenever the decision was made.
+        self.last_handoff = Some(now);
+        for h in chosen
+            .iter()
+            .filter(|h| self.registry.contains(&h.lease.key))
+        {
             tracing::debug!(stream = %h.lease.key, "handing stream over");
             h.signals.handoff.cancel();
         }
-        self.last_handoff = Some(Instant::now());
-        // Ahead of the releases (the release marker follows them): quiet
-        // peers start full passes now and find the streams as they land.
-        let store = self.ctx.store.clone();
-        tokio::spawn(async move { store.announce_change().await });
     }
 
     /// Reconciles this incarnation's streams with the table, level-triggered,

@@ -55,12 +55,7 @@ impl Acquirer {
             self.ctx.metrics.live_workers.set(self.view.live() as i64);
             // One LIVE peer of an earlier release, which does not move the
             // change counter, and every pass is full.
-            self.quiet.set_peers_announce(
-                records
-                    .iter()
-                    .filter(|r| r.state == WorkerState::Live)
-                    .all(|r| r.announces_changes),
-            );
+            self.quiet.set_peers_announce(workers, &self.me, &records);
             let duplicates = records
                 .iter()
                 .filter(|r| {

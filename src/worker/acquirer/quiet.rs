@@ -30,8 +30,14 @@ use tokio::time::Instant;
 pub(super) const WATCH_PERIOD: Duration = Duration::from_secs(1);
 /// Longest time between two full passes.
 pub(super) const FULL_PASS_PERIOD: Duration = Duration::from_secs(30);
-/// Passes stay full this many heartbeats after the counter moved.
+/// Passes stay full this many heartbeats after the counter moved ...
 pub(super) const BUSY_HEARTBEATS: u32 = 2;
+/// ... and at least this long (the index's lag does not shrink with the heartbeat).
+pub(super) const BUSY_AT_LEAST: Duration = Duration::from_secs(5);
+/// A worker that decided to let streams go (a rebalancing handoff, a drain)
+/// announces it and waits this long before releasing, so quiet peers are
+/// making full passes when the streams land: one watch read and a pass.
+pub(in crate::worker) const ANNOUNCE_AHEAD: Duration = Duration::from_millis(1250);
 /// Peers each worker watches (the ring successors): every worker is watched
 /// by this many others.
 pub(super) const WATCHED_PEERS: usize = 2;
@@ -44,7 +50,11 @@ pub(super) struct QuietState {
     /// When the counter was last seen to move (or first read).
     moved_at: Option<Instant>,
     last_watch: Option<Instant>,
-    last_full: Option<Instant>,
+    /// When the next full pass is due at the latest (jittered, so a fleet
+    /// that went quiet together does not query together).
+    full_due: Option<Instant>,
+    /// This worker announced that it takes streams (after its first full pass).
+    announced_start: bool,
     /// Every LIVE peer of the last full refresh moves the counter.
     peers_announce: bool,
     /// The fleet as the last full pass read it.
@@ -63,15 +73,30 @@ impl QuietState {
         moved
     }
 
-    /// Records a full pass over `fleet`, whose LIVE peers' items said whether
-    /// each moves the counter (`peers_announce`, from the last full refresh).
-    pub(super) fn full_pass(&mut self, fleet: Vec<FleetEntry>, now: Instant) {
+    /// Records a full pass over `fleet`; `true` the first time (the worker
+    /// then announces that it takes streams).
+    pub(super) fn full_pass(&mut self, fleet: Vec<FleetEntry>, now: Instant) -> bool {
         self.fleet = fleet;
-        self.last_full = Some(now);
+        self.full_due = Some(now + crate::worker::settings::jittered(FULL_PASS_PERIOD));
+        !std::mem::replace(&mut self.announced_start, true)
     }
 
-    pub(super) fn set_peers_announce(&mut self, all: bool) {
-        self.peers_announce = all;
+    /// Records whether every LIVE peer of `fleet` but `me` moves the counter,
+    /// by the items just read: a LIVE peer whose item was not read counts as
+    /// one that does not.
+    pub(super) fn set_peers_announce(
+        &mut self,
+        fleet: &[FleetEntry],
+        me: &crate::lease::Incarnation,
+        read: &[crate::lease::WorkerRecord],
+    ) {
+        self.peers_announce = fleet
+            .iter()
+            .filter(|w| w.state == WorkerState::Live && w.incarnation != *me)
+            .all(|w| {
+                read.iter()
+                    .any(|r| r.incarnation == w.incarnation && r.announces_changes)
+            });
     }
 }
 
@@ -80,6 +105,7 @@ impl Acquirer {
     pub(super) fn may_stay_quiet(&self, now: Instant) -> bool {
         let q = &self.quiet;
         let heartbeat = self.ctx.settings.heartbeat_interval;
+        let busy = (heartbeat * BUSY_HEARTBEATS).max(BUSY_AT_LEAST);
         let recent = |t: Option<Instant>, within: Duration| {
             t.is_some_and(|t| now.duration_since(t) < within)
         };
@@ -87,13 +113,14 @@ impl Acquirer {
         q.peers_announce
             && !self.legacy_index
             && q.changes.is_some()
-            && !recent(q.moved_at, heartbeat * BUSY_HEARTBEATS)
-            && recent(q.last_full, FULL_PASS_PERIOD)
+            && !recent(q.moved_at, busy)
+            && q.full_due.is_some_and(|due| now < due)
+            && self.deferred_handoff.is_none()
             && !self.orphans_seen
             && self.pending.is_empty()
             && !self.ended_due(&q.fleet, now)
-            && !recent(self.last_handoff, heartbeat * BUSY_HEARTBEATS)
-            && !recent(self.last_acquired, heartbeat * BUSY_HEARTBEATS)
+            && !recent(self.last_handoff, busy)
+            && !recent(self.last_acquired, busy)
             && self.fence.is_valid()
             && (!self.ctx.settings.rebalance || self.view.balanced(staying))
     }

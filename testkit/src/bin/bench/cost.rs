@@ -38,10 +38,7 @@ impl Case {
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
     let mut cases = Vec::new();
     for per_worker in [10, 100] {
-        for design in Design::ALL
-            .into_iter()
-            .chain(ctx.baseline.is_some().then_some(Design::Baseline))
-        {
+        for design in Design::measured(ctx) {
             cases.push(Case {
                 design,
                 per_worker,

@@ -21,6 +21,14 @@ pub enum Design {
 impl Design {
     pub const ALL: [Design; 3] = [Design::Tether, Design::Today, Design::Seed];
 
+    /// Every design, and the baseline build when one is given.
+    pub fn measured(ctx: &Ctx) -> Vec<Design> {
+        Design::ALL
+            .into_iter()
+            .chain(ctx.baseline.is_some().then_some(Design::Baseline))
+            .collect()
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Design::Tether => "tether",

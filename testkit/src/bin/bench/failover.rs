@@ -21,13 +21,11 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
         ("crash_sigkill", Signal::SIGKILL),
         ("graceful_sigterm", Signal::SIGTERM),
     ] {
-        let (a, b, c) = tokio::join!(
-            one(ctx, Design::Tether, signal, label),
-            one(ctx, Design::Today, signal, label),
-            one(ctx, Design::Seed, signal, label)
-        );
+        let designs = Design::measured(ctx);
+        let results =
+            futures::future::join_all(designs.iter().map(|d| one(ctx, *d, signal, label))).await;
         let mut row = serde_json::Map::new();
-        for (design, result) in Design::ALL.iter().zip([a, b, c]) {
+        for (design, result) in designs.iter().zip(results) {
             let result = result.map_err(|e| e.context(design.name()))?;
             println!(
                 "{label:<17} {:<11} p50 {:>6.2}s p99 {:>6.2}s  checkpoint lag p99 {:>5.2}s  overlaps {} gaps {}",

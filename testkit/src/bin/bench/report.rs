@@ -61,7 +61,8 @@ fn f(v: &Value) -> String {
     }
 }
 
-const DESIGNS: [&str; 3] = ["tether", "tether-0.1", "seed"];
+/// The designs and, when it was measured, the baseline build.
+const WITH_BASELINE: [&str; 4] = ["tether", "tether-baseline", "tether-0.1", "seed"];
 
 fn markdown(r: &Value) -> String {
     let p = &r["parameters"];
@@ -90,7 +91,10 @@ fn markdown(r: &Value) -> String {
     if let Some(fo) = res.get("failover") {
         md.push_str("## Failover (signal → new session's first message)\n\n| scenario | design | p50 s | p99 s | max s | checkpoint lag p99 s | overlaps | gaps | stale |\n|---|---|---|---|---|---|---|---|---|\n");
         for scenario in ["crash_sigkill", "graceful_sigterm"] {
-            for design in DESIGNS {
+            for design in WITH_BASELINE
+                .iter()
+                .filter(|d| fo[scenario].get(**d).is_some())
+            {
                 let x = &fo[scenario][design];
                 md.push_str(&format!(
                     "| {scenario} | {design} | {} | {} | {} | {} | {} | {} | {} |\n",
@@ -117,7 +121,7 @@ fn markdown(r: &Value) -> String {
     }
     if let Some(ro) = res.get("rolling_restart") {
         md.push_str("## Rolling restart of 3 workers\n\n| design | ownerless stream-seconds | max ownerless s | overlaps | gaps |\n|---|---|---|---|---|\n");
-        for design in DESIGNS {
+        for design in WITH_BASELINE.iter().filter(|d| ro.get(**d).is_some()) {
             let x = &ro[design];
             md.push_str(&format!(
                 "| {design} | {} | {} | {} | {} |\n",
@@ -161,9 +165,8 @@ fn markdown(r: &Value) -> String {
     if let Some(c) = res.get("dynamodb_cost").and_then(Value::as_object) {
         md.push_str("## DynamoDB cost at steady state (capacity model meter; 2 workers; 1 message/s per stream unless idle)\n\n| design | streams per worker | write units per stream-hour | read units per stream-hour | read units per worker-hour | hottest key WCU/s | $/month for 10,000 streams | acquires + releases in the window |\n|---|---|---|---|---|---|---|---|\n");
         for (label, x) in c.iter().filter(|(k, _)| *k != "prices") {
-            let design = DESIGNS
+            let design = WITH_BASELINE
                 .iter()
-                .chain(&["tether-baseline"])
                 .find(|d| label.starts_with(&format!("{d}_")))
                 .copied()
                 .unwrap_or("?");

@@ -15,13 +15,10 @@ use tokio::time::Instant;
 const SAMPLE: Duration = Duration::from_millis(100);
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
-    let (a, b, c) = tokio::join!(
-        one(ctx, Design::Tether),
-        one(ctx, Design::Today),
-        one(ctx, Design::Seed)
-    );
+    let designs = Design::measured(ctx);
+    let results = futures::future::join_all(designs.iter().map(|d| one(ctx, *d))).await;
     let mut row = serde_json::Map::new();
-    for (design, result) in Design::ALL.iter().zip([a, b, c]) {
+    for (design, result) in designs.iter().zip(results) {
         let result = result.map_err(|e| e.context(design.name()))?;
         println!(
             "rolling restart   {:<11} {:>7.1} stream-s ownerless (max {:.1}s)  overlaps {} gaps {}",
