@@ -311,18 +311,10 @@ async fn drain(
     // SIGTERM is acted on within a second whatever the store does.
     let announce = ctx.shared.store.mark_draining(me);
     tokio::pin!(announce);
-    let asked = Instant::now();
     let mut announced = tokio::time::timeout(DRAIN_ANNOUNCE_HEAD_START, &mut announce)
         .await
         .map(announced_draining)
         .is_ok();
-    // Announced (the change counter moved with it): the sessions keep
-    // serving a moment longer, so quiet peers are making full passes when
-    // the releases land and take the streams within a pass. In a brownout
-    // nothing waits for the announcement.
-    if announced && registry.len() > 0 {
-        sleep_until(asked + crate::worker::acquirer::ANNOUNCE_AHEAD).await;
-    }
     for h in registry.snapshot() {
         h.signals.shutdown.cancel();
     }

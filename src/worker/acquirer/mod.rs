@@ -13,4 +13,3 @@ mod peers;
 mod quiet;
 
 pub(super) use pass::{Acquired, Acquirer};
-pub(super) use quiet::ANNOUNCE_AHEAD;

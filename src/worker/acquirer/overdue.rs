@@ -57,12 +57,6 @@ impl Observer {
             .collect()
     }
 
-    /// How long a peer's version has stood still, as far as this worker saw
-    /// (`None`: not watched).
-    pub(super) fn still_for(&self, peer: &Incarnation, now: Instant) -> Option<Duration> {
-        self.seen.get(peer).map(|s| now.duration_since(s.since))
-    }
-
     /// Whether a peer's version moved within `within` (a new peer counts as
     /// moving until it has been watched that long).
     pub(super) fn progressing(&self, peer: &Incarnation, now: Instant, within: Duration) -> bool {

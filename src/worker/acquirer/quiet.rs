@@ -1,6 +1,6 @@
 //! Quiet passes: at steady state a worker reads the fleet's change counter
-//! and the peers it watches, in one request a second, instead of querying
-//! the fleet and the unowned partitions every pass.
+//! and the peers it watches, in one request every other pass, instead of
+//! querying the fleet and the unowned partitions every pass.
 //!
 //! A pass is *full* (today's reads: fleet, peers, unowned partitions,
 //! departed incarnations) while anything may need doing: the counter moved
@@ -12,9 +12,7 @@
 //! release runs (it does not move the counter), or the last full pass is
 //! [`FULL_PASS_PERIOD`] old (a bump lost with its writer, or a writer of an
 //! earlier release, costs at most that). Otherwise the pass is *quiet*: it
-//! reads the counter and the watched peers every [`WATCH_PERIOD`], and every
-//! pass while a watched peer's renewal is due, so a death is seen as soon as
-//! when every pass read it.
+//! reads the counter and the watched peers every [`WATCH_PERIOD`].
 //!
 //! Reads only ever decide *when* to look: every ownership change is still a
 //! conditional write, so a quiet pass can delay a pickup and never cause an
@@ -26,18 +24,21 @@ use crate::lease::{FleetEntry, StoreError, WorkerState};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// How often a quiet worker reads the change counter (and its watched peers).
-pub(super) const WATCH_PERIOD: Duration = Duration::from_secs(1);
+/// How often a quiet worker reads the change counter and its watched peers:
+/// what a change waits before quiet peers see it (a drain's releases, a new
+/// stream), and how late a watched peer's renewal is first seen (so how
+/// much later than a lease of silence its death is declared).
+pub(super) const WATCH_PERIOD: Duration = Duration::from_millis(500);
 /// Longest time between two full passes.
 pub(super) const FULL_PASS_PERIOD: Duration = Duration::from_secs(30);
 /// Passes stay full this many heartbeats after the counter moved ...
 pub(super) const BUSY_HEARTBEATS: u32 = 2;
 /// ... and at least this long (the index's lag does not shrink with the heartbeat).
 pub(super) const BUSY_AT_LEAST: Duration = Duration::from_secs(5);
-/// A worker that decided to let streams go (a rebalancing handoff, a drain)
-/// announces it and waits this long before releasing, so quiet peers are
-/// making full passes when the streams land: one watch read and a pass.
-pub(in crate::worker) const ANNOUNCE_AHEAD: Duration = Duration::from_millis(1250);
+/// A worker that decided to hand streams over to rebalance announces it and
+/// waits this long before releasing them, so quiet peers are making full
+/// passes when the streams land: one watch read and a pass.
+pub(super) const ANNOUNCE_AHEAD: Duration = Duration::from_millis(750);
 /// Peers each worker watches (the ring successors): every worker is watched
 /// by this many others.
 pub(super) const WATCHED_PEERS: usize = 2;
@@ -130,17 +131,11 @@ impl Acquirer {
     pub(super) async fn quiet_pass(&mut self, now: Instant) -> Result<bool, StoreError> {
         let live = live_incarnations(&self.quiet.fleet);
         let watched = successors(&self.me, &live, WATCHED_PEERS);
-        let renewal_due = watched.iter().any(|p| {
-            self.observer.still_for(p, now).is_some_and(|still| {
-                still + self.ctx.settings.reconcile_interval * 2
-                    >= self.ctx.settings.heartbeat_interval
-            })
-        });
-        let watch_due = self
+        if self
             .quiet
             .last_watch
-            .is_none_or(|t| now.duration_since(t) >= WATCH_PERIOD);
-        if !(watch_due || renewal_due) {
+            .is_some_and(|t| now.duration_since(t) < WATCH_PERIOD)
+        {
             return Ok(false);
         }
         let read = self.ctx.store.watch(&watched).await?;
