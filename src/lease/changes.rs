@@ -26,38 +26,11 @@ use super::codec::{attr, n, s};
 use super::error::StoreError;
 use super::update::Update;
 use aws_sdk_dynamodb::types::ReturnValue;
-use std::sync::Mutex;
-use tokio::sync::watch;
 
 /// The change counter's item.
 pub const CHANGES_PK: &str = "FLEET#CHANGES";
 /// Its counter attribute.
 const CHANGES: &str = "changes";
-
-/// Coalesces this process's bumps (see the module's documentation).
-#[derive(Debug)]
-pub(crate) struct Announcer {
-    state: Mutex<AnnouncerState>,
-    /// The highest request number a finished bump covers.
-    covered: watch::Sender<u64>,
-}
-
-impl Default for Announcer {
-    fn default() -> Self {
-        Self {
-            state: Mutex::default(),
-            covered: watch::channel(0).0,
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct AnnouncerState {
-    /// Requests made so far (each one's number).
-    requested: u64,
-    /// The bumping task runs.
-    running: bool,
-}
 
 impl LeaseStore {
     /// Moves the change counter, after a write peers should act on landed,
@@ -65,45 +38,22 @@ impl LeaseStore {
     /// about to exit has announced). Never fails: a bump that cannot be made
     /// is logged, and readers find the change at their next full pass.
     pub async fn announce_change(&self) {
-        let mine = {
-            let mut state = self
-                .announcer
-                .state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            state.requested += 1;
-            if !state.running {
-                state.running = true;
-                tokio::spawn(self.clone().bump_until_covered());
-            }
-            state.requested
-        };
-        let mut covered = self.announcer.covered.subscribe();
-        // The sender lives as long as this store: the wait ends.
-        let _ = covered.wait_for(|c| *c >= mine).await;
+        let (mine, start) = self.announcer.request();
+        if start {
+            tokio::spawn(self.clone().bump_until_covered());
+        }
+        self.announcer.covered(mine).await;
     }
 
     /// The bumping task: one bump per round of requests, until a bump covers
     /// every request made before it began.
     async fn bump_until_covered(self) {
         loop {
-            let target = self
-                .announcer
-                .state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .requested;
+            let target = self.announcer.target();
             if let Err(e) = self.bump_changes().await {
                 tracing::debug!(error = %e, "change counter not moved; peers find the change at their next full pass");
             }
-            self.announcer.covered.send_replace(target);
-            let mut state = self
-                .announcer
-                .state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if state.requested == target {
-                state.running = false;
+            if self.announcer.finished(target) {
                 return;
             }
         }

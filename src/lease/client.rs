@@ -127,7 +127,7 @@ pub struct LeaseStore {
     /// Bounds stream-item writes in flight ([`MAX_STREAM_WRITES_IN_FLIGHT`]).
     stream_writes: Arc<tokio::sync::Semaphore>,
     /// Coalesces this process's moves of the change counter.
-    pub(super) announcer: Arc<super::changes::Announcer>,
+    pub(super) announcer: Arc<super::announcer::Announcer>,
 }
 
 /// A conditional write whose condition did not hold: an expected outcome.

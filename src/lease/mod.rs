@@ -10,12 +10,13 @@
 //! One job per file: `client` (connection, retries, classification), `codec`
 //! (items ⇄ records), `pages` (pagination), `admin` (table), `reads`,
 //! `acquire`, `owner` (owner-guarded writes), `incarnations` (worker items),
-//! `changes` (the fleet's change counter),
+//! `changes` (the fleet's change counter) and `announcer` (its bumps coalesced),
 //! `control` (control-plane writes), `clock` (skew measurement), `view`
 //! (streams as people read them).
 
 mod acquire;
 mod admin;
+mod announcer;
 mod changes;
 mod client;
 pub mod clock;

@@ -2,7 +2,7 @@
 //! reading peers and the fleet view (`peers`), declaring the overdue dead on
 //! this worker's monotonic clock (`overdue`), what departed incarnations left
 //! (`departed`), the pace of acquires (`pacing`), and when a pass may skip
-//! the fleet's reads (`quiet`).
+//! the fleet's reads (`quiet`, with what it remembers in `quiet_state`).
 
 mod departed;
 mod fair_share;
@@ -11,5 +11,6 @@ mod pacing;
 mod pass;
 mod peers;
 mod quiet;
+mod quiet_state;
 
 pub(super) use pass::{Acquired, Acquirer};

@@ -108,9 +108,9 @@ pub(crate) struct Acquirer {
     /// is not undone by the rebalancing it causes.
     pub(super) moved_in: HashSet<StreamKey>,
     /// The change counter and what quiet passes remember.
-    pub(super) quiet: super::quiet::QuietState,
+    pub(super) quiet: super::quiet_state::QuietState,
     /// Streams chosen to hand over, released once peers had time to see the
-    /// announcement ([`super::quiet::ANNOUNCE_AHEAD`]).
+    /// announcement ([`super::quiet_state::ANNOUNCE_AHEAD`]).
     pub(super) deferred_handoff: Option<(Instant, Vec<HeldStream>)>,
 }
 
@@ -149,7 +149,7 @@ impl Acquirer {
             reported: HashSet::new(),
             legacy_index,
             moved_in: HashSet::new(),
-            quiet: super::quiet::QuietState::default(),
+            quiet: super::quiet_state::QuietState::default(),
             deferred_handoff: None,
         }
     }
@@ -598,7 +598,7 @@ impl Acquirer {
         // them within a pass instead of at their next watch read.
         let store = self.ctx.store.clone();
         tokio::spawn(async move { store.announce_change().await });
-        self.deferred_handoff = Some((Instant::now() + super::quiet::ANNOUNCE_AHEAD, chosen));
+        self.deferred_handoff = Some((Instant::now() + super::quiet_state::ANNOUNCE_AHEAD, chosen));
     }
 
     /// Releases the streams chosen for a handoff once their announcement had

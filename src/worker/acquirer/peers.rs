@@ -9,7 +9,7 @@ use crate::lease::{FleetEntry, Incarnation, StoreError, WorkerState};
 use crate::worker::settings::PEER_SILENCE_HEARTBEATS;
 use tokio::time::Instant;
 
-use super::quiet::WATCHED_PEERS;
+use super::quiet_state::WATCHED_PEERS;
 
 impl Acquirer {
     /// Reads peers' items (a few every pass, all every heartbeat), updates the

@@ -1,0 +1,84 @@
+//! What quiet passes remember between passes (the change counter as last
+//! read, when the fleet was last read in full, whether every peer announces
+//! its changes) and the times they keep; the decisions are `quiet`'s.
+
+use crate::lease::{FleetEntry, Incarnation, WorkerRecord, WorkerState};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How often a quiet worker reads the change counter and its watched peers:
+/// what a change waits before quiet peers see it (a drain's releases, a new
+/// stream), and how late a watched peer's renewal is first seen (so how
+/// much later than a lease of silence its death is declared).
+pub(super) const WATCH_PERIOD: Duration = Duration::from_millis(500);
+/// Longest time between two full passes.
+pub(super) const FULL_PASS_PERIOD: Duration = Duration::from_secs(30);
+/// Passes stay full this many heartbeats after the counter moved ...
+pub(super) const BUSY_HEARTBEATS: u32 = 2;
+/// ... and at least this long (the index's lag does not shrink with the heartbeat).
+pub(super) const BUSY_AT_LEAST: Duration = Duration::from_secs(5);
+/// A worker that decided to hand streams over to rebalance announces it and
+/// waits this long before releasing them, so quiet peers are making full
+/// passes when the streams land: one watch read and a pass.
+pub(super) const ANNOUNCE_AHEAD: Duration = Duration::from_millis(750);
+/// Peers each worker watches (the ring successors): every worker is watched
+/// by this many others.
+pub(super) const WATCHED_PEERS: usize = 2;
+
+/// What quiet passes need to remember.
+#[derive(Debug, Default)]
+pub(super) struct QuietState {
+    /// The change counter as last read.
+    pub(super) changes: Option<u64>,
+    /// When the counter was last seen to move (or first read).
+    pub(super) moved_at: Option<Instant>,
+    pub(super) last_watch: Option<Instant>,
+    /// When the next full pass is due at the latest (jittered, so a fleet
+    /// that went quiet together does not query together).
+    pub(super) full_due: Option<Instant>,
+    /// This worker announced that it takes streams (after its first full pass).
+    announced_start: bool,
+    /// Every LIVE peer of the last full refresh moves the counter.
+    pub(super) peers_announce: bool,
+    /// The fleet as the last full pass read it.
+    pub(super) fleet: Vec<FleetEntry>,
+}
+
+impl QuietState {
+    /// Records a read of the counter; `true` when it moved.
+    pub(super) fn saw(&mut self, changes: u64, now: Instant) -> bool {
+        let moved = self.changes != Some(changes);
+        if moved {
+            self.changes = Some(changes);
+            self.moved_at = Some(now);
+        }
+        self.last_watch = Some(now);
+        moved
+    }
+
+    /// Records a full pass over `fleet`; `true` the first time (the worker
+    /// then announces that it takes streams).
+    pub(super) fn full_pass(&mut self, fleet: Vec<FleetEntry>, now: Instant) -> bool {
+        self.fleet = fleet;
+        self.full_due = Some(now + crate::worker::settings::jittered(FULL_PASS_PERIOD));
+        !std::mem::replace(&mut self.announced_start, true)
+    }
+
+    /// Records whether every LIVE peer of `fleet` but `me` moves the counter,
+    /// by the items just read: a LIVE peer whose item was not read counts as
+    /// one that does not.
+    pub(super) fn set_peers_announce(
+        &mut self,
+        fleet: &[FleetEntry],
+        me: &Incarnation,
+        read: &[WorkerRecord],
+    ) {
+        self.peers_announce = fleet
+            .iter()
+            .filter(|w| w.state == WorkerState::Live && w.incarnation != *me)
+            .all(|w| {
+                read.iter()
+                    .any(|r| r.incarnation == w.incarnation && r.announces_changes)
+            });
+    }
+}
