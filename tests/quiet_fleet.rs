@@ -61,11 +61,11 @@ async fn a_quiet_fleet_reads_the_change_counter_and_still_acts_on_every_change()
     }
 
     // A stream created while the fleet is quiet is taken at once.
-    names.extend(bed.apply("late", 1).await.unwrap());
-    Bed::wait(
+    bed.apply_one_served_within(
+        "late",
+        &mut names,
         Duration::from_secs(5),
         "the new stream connected",
-        || async { bed.connected_once(&names) },
     )
     .await
     .unwrap();

@@ -468,11 +468,11 @@ async fn a_rolling_upgrade_from_0_2_keeps_full_passes_until_every_worker_moves_t
     tether_testkit::processes::until_quiet(&[&new_c, &new_d], Duration::from_secs(30))
         .await
         .unwrap();
-    names.extend(bed.apply("late", 1).await.unwrap());
-    Bed::wait(
+    bed.apply_one_served_within(
+        "late",
+        &mut names,
         Duration::from_secs(5),
         "a stream applied to the quiet fleet is served",
-        || async { bed.connected_once(&names) },
     )
     .await
     .unwrap();

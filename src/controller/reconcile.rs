@@ -319,9 +319,7 @@ async fn apply(obj: &StreamConnection, ctx: &Context) -> Result<Action, Error> {
     {
         // Mirrored, but its owner still runs an older generation: the
         // notification may have been lost with the writer that owed it.
-        if let Some(owner) = crate::lease::owner_behind(&v.record) {
-            ctx.store.notify_owner(&owner, &key).await?;
-        }
+        ctx.store.remind_owner_behind(&v.record).await?;
         UpsertOutcome::Unchanged
     } else {
         // A copy that does not mirror `desired` is never served from the

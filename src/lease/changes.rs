@@ -38,11 +38,18 @@ impl LeaseStore {
     /// about to exit has announced). Never fails: a bump that cannot be made
     /// is logged, and readers find the change at their next full pass.
     pub async fn announce_change(&self) {
+        let mine = self.announce_change_soon();
+        self.announcer.covered(mine).await;
+    }
+
+    /// [`LeaseStore::announce_change`] without waiting for the bump (off a
+    /// critical path: the heartbeat, a pass). Returns the request's number.
+    pub fn announce_change_soon(&self) -> u64 {
         let (mine, start) = self.announcer.request();
         if start {
             tokio::spawn(self.clone().bump_until_covered());
         }
-        self.announcer.covered(mine).await;
+        mine
     }
 
     /// The bumping task: one bump per round of requests, until a bump covers
@@ -71,8 +78,8 @@ impl LeaseStore {
 }
 
 /// The counter in a read of [`CHANGES_PK`] (0 before the first bump).
-pub(super) fn changes_of(item: Option<&super::codec::Item>) -> u64 {
-    item.and_then(|i| i.get(CHANGES))
+pub(super) fn changes_of(item: &super::codec::Item) -> u64 {
+    item.get(CHANGES)
         .and_then(|v| v.as_n().ok())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)

@@ -118,7 +118,7 @@ fn matches(current: &StreamRecord, desired: &DesiredStream) -> bool {
 /// after an error, `tether apply` run again) tells the owner instead. The
 /// owner re-reads the item and acts only on what differs, so a needless
 /// notification costs one read.
-pub fn owner_behind(record: &StreamRecord) -> Option<super::keys::Incarnation> {
+fn owner_behind(record: &StreamRecord) -> Option<super::keys::Incarnation> {
     match record.ownership() {
         Ownership::Owned(owner)
             if record
@@ -132,6 +132,16 @@ pub fn owner_behind(record: &StreamRecord) -> Option<super::keys::Incarnation> {
 }
 
 impl LeaseStore {
+    /// Tells `record`'s owner again about its spec when it still serves an
+    /// older generation ([`owner_behind`]): for whoever finds the item
+    /// already mirrored.
+    pub async fn remind_owner_behind(&self, record: &StreamRecord) -> Result<(), StoreError> {
+        match owner_behind(record) {
+            Some(owner) => self.notify_owner(&owner, &record.key).await,
+            None => Ok(()),
+        }
+    }
+
     /// Whether `record` already carries `desired` (and would be left
     /// unchanged by [`LeaseStore::upsert_desired`]): lets the controller skip
     /// the write, and its read, at steady state.
@@ -160,9 +170,7 @@ impl LeaseStore {
                 }
                 if matches(c, desired) {
                     if !wrote {
-                        if let Some(owner) = owner_behind(c) {
-                            self.notify_owner(&owner, key).await?;
-                        }
+                        self.remind_owner_behind(c).await?;
                         return Ok(UpsertOutcome::Unchanged);
                     }
                     if let Ownership::Owned(owner) = c.ownership() {

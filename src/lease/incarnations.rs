@@ -68,6 +68,28 @@ pub enum RenewOutcome {
     Dead,
 }
 
+/// The keys of `who`'s worker items.
+fn worker_keys(who: &[Incarnation]) -> Vec<Item> {
+    who.iter()
+        .map(|w| HashMap::from([(attr::PK.to_string(), s(w.pk()))]))
+        .collect()
+}
+
+/// Worker records of `items`; unreadable ones are logged and skipped (a
+/// peer's item that cannot be read is never taken for a death).
+fn parse_workers(items: Vec<Item>) -> Vec<WorkerRecord> {
+    items
+        .iter()
+        .filter_map(|item| match worker_record(item) {
+            Ok(w) => Some(w),
+            Err(m) => {
+                tracing::debug!(pk = %m.pk, detail = %m.detail, "unreadable worker item");
+                None
+            }
+        })
+        .collect()
+}
+
 /// What one watch read found: the change counter and the watched peers' items.
 #[derive(Debug, Default)]
 pub struct Watched {
@@ -138,9 +160,9 @@ impl LeaseStore {
             },
         }
         // After the item: an enrolled incarnation without an item is taken
-        // for one whose item vanished, and declared dead.
-        // Peers learn of a newcomer when it is ready to take streams: its
-        // acquirer announces itself after its first full pass.
+        // for one whose item vanished, and declared dead. (No change is
+        // announced here: the acquirer announces the newcomer after its
+        // first full pass, when it takes streams.)
         self.enroll(me).await
     }
 
@@ -309,37 +331,32 @@ impl LeaseStore {
     /// Several workers' items (eventually consistent: a stale read can only
     /// delay a death verdict, whose conditional write rechecks the version).
     pub async fn workers(&self, who: &[Incarnation]) -> Result<Vec<WorkerRecord>, StoreError> {
-        Ok(self.watch(who).await?.workers)
+        let items = self
+            .batch_get("batch_get_workers", worker_keys(who))
+            .await?;
+        Ok(parse_workers(items))
     }
 
     /// The change counter and several workers' items, in one request per
     /// hundred keys (eventually consistent, as [`LeaseStore::workers`]; a
     /// stale counter only delays a pickup until the next read).
     pub async fn watch(&self, who: &[Incarnation]) -> Result<Watched, StoreError> {
-        let mut keys: Vec<Item> = vec![changes_key()];
-        keys.extend(
-            who.iter()
-                .map(|w| HashMap::from([(attr::PK.to_string(), s(w.pk()))])),
-        );
-        let mut watched = Watched::default();
-        for item in self.batch_get("batch_get_workers", keys).await? {
-            if item
-                .get(attr::PK)
-                .and_then(|v| v.as_s().ok())
-                .map(String::as_str)
-                == Some(CHANGES_PK)
-            {
-                watched.changes = changes_of(Some(&item));
-                continue;
-            }
-            match worker_record(&item) {
-                Ok(w) => watched.workers.push(w),
-                Err(m) => {
-                    tracing::debug!(pk = %m.pk, detail = %m.detail, "unreadable worker item")
-                }
-            }
-        }
-        Ok(watched)
+        let mut keys = worker_keys(who);
+        keys.push(changes_key());
+        let (counter, workers): (Vec<Item>, Vec<Item>) = self
+            .batch_get("batch_get_workers", keys)
+            .await?
+            .into_iter()
+            .partition(|item| {
+                item.get(attr::PK)
+                    .and_then(|v| v.as_s().ok())
+                    .map(String::as_str)
+                    == Some(CHANGES_PK)
+            });
+        Ok(Watched {
+            changes: counter.first().map_or(0, changes_of),
+            workers: parse_workers(workers),
+        })
     }
 
     /// Items by key, eventually consistent, unprocessed keys retried.

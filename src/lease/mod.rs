@@ -40,7 +40,7 @@ pub use client::{
     Caller, LOCAL_CREDENTIALS, LeaseStore, StoreConfig, root_cause, validate_table_name,
 };
 pub use clock::{ClockGauge, OffsetBounds, now_ms};
-pub use control::{DeleteOutcome, TombstoneOutcome, owner_behind};
+pub use control::{DeleteOutcome, TombstoneOutcome};
 pub use error::StoreError;
 pub use incarnations::{RenewOutcome, Renewal, Watched, WorkerItems};
 pub use keys::{

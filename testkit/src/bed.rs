@@ -158,6 +158,20 @@ impl Bed {
         Ok(names)
     }
 
+    /// Applies one more standard stream, `prefix-00`, adds it to `names`, and
+    /// waits at most `limit` until every one of `names` has connected (`what`
+    /// names the wait in the error).
+    pub async fn apply_one_served_within(
+        &self,
+        prefix: &str,
+        names: &mut Vec<String>,
+        limit: Duration,
+        what: &str,
+    ) -> anyhow::Result<()> {
+        names.extend(self.apply(prefix, 1).await?);
+        Self::wait(limit, what, || async { self.connected_once(names) }).await
+    }
+
     /// Every stream with its owner.
     pub async fn views(&self) -> Vec<StreamView> {
         self.store

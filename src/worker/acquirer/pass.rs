@@ -8,8 +8,8 @@
 //! a few peers' items, and the unowned partitions only when something was
 //! released (a peer's `released_at_ms` moved), orphans were seen recently, or
 //! [`UNOWNED_SCAN_PERIOD`] passed. At steady state most passes are quiet
-//! (`quiet`): they read the change counter and the watched peers, once a
-//! second.
+//! (`quiet`): they read the change counter and the watched peers, every
+//! other pass.
 
 use super::fair_share::{AcquirePolicy, FleetView, Orphan, classify_free, handoff_count};
 use super::overdue::Observer;
@@ -596,22 +596,14 @@ impl Acquirer {
         // Announced ahead of the releases (the release marker follows them):
         // quiet peers are making full passes when the streams land, and take
         // them within a pass instead of at their next watch read.
-        let store = self.ctx.store.clone();
-        tokio::spawn(async move { store.announce_change().await });
+        self.ctx.store.announce_change_soon();
         self.deferred_handoff = Some((Instant::now() + super::quiet_state::ANNOUNCE_AHEAD, chosen));
     }
 
     /// Releases the streams chosen for a handoff once their announcement had
     /// time to reach quiet peers.
     fn release_deferred(&mut self, now: Instant) {
-        if self
-            .deferred_handoff
-            .as_ref()
-            .is_none_or(|(due, _)| now < *due)
-        {
-            return;
-        }
-        let Some((_, chosen)) = self.deferred_handoff.take() else {
+        let Some((_, chosen)) = self.deferred_handoff.take_if(|(due, _)| now >= *due) else {
             return;
         };
         // The cooldown runs from the releases: loads are stale until the

@@ -53,8 +53,6 @@ impl Acquirer {
     /// A quiet pass: reads the counter and the watched peers when due; `true`
     /// when what it read calls for a full pass.
     pub(super) async fn quiet_pass(&mut self, now: Instant) -> Result<bool, StoreError> {
-        let live = live_incarnations(&self.quiet.fleet);
-        let watched = successors(&self.me, &live, WATCHED_PEERS);
         if self
             .quiet
             .last_watch
@@ -62,6 +60,8 @@ impl Acquirer {
         {
             return Ok(false);
         }
+        let live = live_incarnations(&self.quiet.fleet);
+        let watched = successors(&self.me, &live, WATCHED_PEERS);
         let read = self.ctx.store.watch(&watched).await?;
         let now = Instant::now();
         for r in &read.workers {

@@ -185,8 +185,7 @@ impl Liveness {
                 // path, like the chores.
                 if self.announced_held != Some(renewal.held) {
                     self.announced_held = Some(renewal.held);
-                    let store = self.ctx.store.clone();
-                    tokio::spawn(async move { store.announce_change().await });
+                    self.ctx.store.announce_change_soon();
                 }
                 self.handled = changed.iter().map(|e| e.raw.clone()).collect();
                 for entry in &changed {
