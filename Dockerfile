@@ -22,7 +22,7 @@
 
 # The crate's version (Cargo.toml [package] version); the replay fails when
 # they differ.
-ARG VERSION=0.3.0
+ARG VERSION=0.4.0
 
 # Build stage: the toolchain of Cargo.toml's rust-version. rustls + ring
 # everywhere, so no OpenSSL and no cmake; C compiles (ring, the embedded

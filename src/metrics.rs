@@ -67,6 +67,13 @@ impl StoreMetrics {
             .inc_by(units);
     }
 
+    /// Write units counted so far for `operation` (benches and tests).
+    pub fn write_units(&self, operation: &'static str) -> f64 {
+        self.consumed_write_units
+            .get_or_create(&[("operation", operation)])
+            .get()
+    }
+
     pub fn consumed_read_units(&self, operation: &'static str, units: f64) {
         self.consumed_read_units
             .get_or_create(&[("operation", operation)])

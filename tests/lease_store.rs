@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tether::lease::{
     AcquireFrom, AcquireOutcome, Checkpoint, DeleteOutcome, DesiredState, DesiredStream,
-    HOLDER_SHARDS, Incarnation, Lease, LeaseStore, OwnerWrite, Ownership, PodIdentity,
-    ReleaseReason, RenewOutcome, Renewal, ResourceIdentity, SessionStatus, StoreError, StreamKey,
-    StreamRecord, TableChange, TombstoneOutcome, UpsertOutcome, UpsertRefusal, WorkerState,
+    HOLDER_SHARDS, Incarnation, Lease, LeaseStore, OwnerWrite, Ownership, PackedShard, PodIdentity,
+    ReleaseReason, RenewOutcome, Renewal, ResourceIdentity, SessionStatus, SlotEntry, SlotPage,
+    StoreError, StreamKey, StreamRecord, TableChange, TombstoneOutcome, UpsertOutcome,
+    UpsertRefusal, WorkerState,
 };
 use tether::metrics::StoreMetrics;
 use tether_testkit::store::{fresh_store, raw_client, store_config, unique_table};
@@ -318,8 +319,12 @@ async fn a_dead_incarnation_can_never_renew_and_its_streams_move_with_its_checkp
         seq: 77,
         token: lease.counter,
     };
+    let shard0 = PackedShard {
+        named: vec![(key.clone(), packed)],
+        slotted: vec![],
+    };
     let renew = Renewal {
-        checkpoints: vec![(&key, &packed)],
+        shard0: &shard0,
         checkpoint_shards: 1,
         ..renewal(1)
     };
@@ -1009,4 +1014,188 @@ async fn finish_upgrade_frees_streams_under_a_lapsed_version_1_lease() {
         .expect("in an unowned partition");
     assert_eq!(freed.ownership(), Ownership::Free);
     assert_eq!(freed.lease_counter, 4, "the token carries on");
+}
+
+#[tokio::test]
+async fn slotted_checkpoints_are_read_back_through_the_slot_pages_and_only_through_them() {
+    let store = fresh_store(None).await;
+    let dead = worker(&store, "slotted").await;
+    let [a, b, c] = [
+        create(&store, "slot-a").await,
+        create(&store, "slot-b").await,
+        create(&store, "slot-c").await,
+    ];
+    let [la, lb, lc] = [
+        acquire(&store, &a, &dead).await,
+        acquire(&store, &b, &dead).await,
+        acquire(&store, &c, &dead).await,
+    ];
+    let mut page = SlotPage::new();
+    page.insert(
+        0,
+        SlotEntry {
+            key: a.key.clone(),
+            token: la.counter,
+            base: 1_000,
+        },
+    );
+    page.insert(
+        1,
+        SlotEntry {
+            key: b.key.clone(),
+            token: lb.counter,
+            base: 5,
+        },
+    );
+    store.write_slot_page(&dead, 0, &page).await.unwrap();
+    // Slot 7 is on no page: its entry is nothing.
+    let shard0 = PackedShard {
+        named: vec![(
+            c.key.clone(),
+            Checkpoint {
+                seq: 9,
+                token: lc.counter,
+            },
+        )],
+        slotted: vec![(0, 234), (1, -2), (7, 50)],
+    };
+    let shard1 = PackedShard {
+        named: vec![],
+        slotted: vec![(1, 10)],
+    };
+    store
+        .write_checkpoint_shard(&dead, 1, &shard1)
+        .await
+        .unwrap();
+    store
+        .renew(
+            &dead,
+            &Renewal {
+                shard0: &shard0,
+                checkpoint_shards: 2,
+                slot_pages: &[0],
+                ..renewal(1)
+            },
+        )
+        .await
+        .unwrap();
+    let all = store.checkpoints_of(&dead).await.unwrap();
+    let seq = |key: &StreamKey| all.get(key).map(|c| (c.seq, c.token));
+    assert_eq!(seq(&a.key), Some((1_234, la.counter)));
+    assert_eq!(
+        seq(&b.key),
+        Some((15, lb.counter)),
+        "the higher of two shards"
+    );
+    assert_eq!(seq(&c.key), Some((9, lc.counter)));
+    assert_eq!(all.len(), 3);
+    // A renewal with nothing packed leaves no entries behind.
+    store
+        .renew(
+            &dead,
+            &Renewal {
+                checkpoint_shards: 1,
+                ..renewal(2)
+            },
+        )
+        .await
+        .unwrap();
+    assert!(store.checkpoints_of(&dead).await.unwrap().is_empty());
+    // Without the page, slotted entries are nothing: the takeover replays.
+    store
+        .renew(
+            &dead,
+            &Renewal {
+                shard0: &shard0,
+                checkpoint_shards: 2,
+                slot_pages: &[0],
+                ..renewal(3)
+            },
+        )
+        .await
+        .unwrap();
+    store.delete_slot_page(&dead, 0).await.unwrap();
+    let left = store.checkpoints_of(&dead).await.unwrap();
+    assert_eq!(left.keys().collect::<Vec<_>>(), vec![&c.key]);
+    // Forgetting the incarnation deletes its pages and shards with its item.
+    store.write_slot_page(&dead, 0, &page).await.unwrap();
+    assert_eq!(
+        store.declare_dead(&dead, 3).await.unwrap(),
+        Some(WorkerState::Dead)
+    );
+    let record = store.worker(&dead).await.unwrap();
+    store.forget_worker(&dead, record.as_ref()).await.unwrap();
+    let raw = raw_client().await;
+    for pk in [dead.pk(), dead.slot_page_pk(0), dead.checkpoint_pk(1)] {
+        let item = raw
+            .get_item()
+            .table_name(store.table())
+            .key("Pk", AttributeValue::S(pk.clone()))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap();
+        assert!(item.item().is_none(), "{pk} is left behind");
+    }
+}
+
+#[tokio::test]
+async fn a_renewal_carrying_a_hundred_busy_streams_by_slot_costs_one_write_unit() {
+    let store = fresh_store(None).await;
+    // A worker as Kubernetes runs it: a pod's name and identity.
+    let me = Incarnation::new("tether-worker-7d9f8c6b5-x2x4z");
+    let pod = PodIdentity {
+        uid: "0b4f3a52-5d0e-4c5b-9f1e-2a6c7d8e9f01".into(),
+        container: "worker".into(),
+        restart_count: 3,
+    };
+    store.register(&me, Some(&pod)).await.unwrap();
+    let streams: Vec<StreamKey> = (0..100)
+        .map(|i| StreamKey::new("transcription", format!("meeting-audio-{i:03}")))
+        .collect();
+    let by_name = PackedShard {
+        named: streams
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                (
+                    k.clone(),
+                    Checkpoint {
+                        seq: 1_700_000 + i as u64,
+                        token: 41,
+                    },
+                )
+            })
+            .collect(),
+        slotted: vec![],
+    };
+    let by_slot = PackedShard {
+        named: vec![],
+        slotted: (0..100).map(|i| (i, 3_600 + i as i64)).collect(),
+    };
+    let units = |store: &LeaseStore| store.metrics().write_units("renew");
+    let mut version = 0;
+    let mut cost = |shard0: PackedShard| {
+        version += 1;
+        let store = store.clone();
+        let me = me.clone();
+        async move {
+            let before = units(&store);
+            let renewal = Renewal {
+                shard0: &shard0,
+                checkpoint_shards: 1,
+                slot_pages: &[0],
+                held: 100,
+                ..renewal(version)
+            };
+            store.renew(&me, &renewal).await.unwrap();
+            units(&store) - before
+        }
+    };
+    let named = cost(by_name).await;
+    // The item shrinks with this write; DynamoDB bills the larger image.
+    let _ = cost(by_slot.clone()).await;
+    let slotted = cost(by_slot).await;
+    assert_eq!(slotted, 1.0, "by slot (by name: {named})");
+    assert!(named >= 3.0, "by name: {named}");
 }

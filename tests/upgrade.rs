@@ -478,3 +478,82 @@ async fn a_rolling_upgrade_from_0_2_keeps_full_passes_until_every_worker_moves_t
     .unwrap();
     bed.assert_safe(&names, 0);
 }
+
+/// Rolling from 0.3 (whose workers read checkpoints by name only) on one
+/// table: while a 0.3 worker is LIVE a new worker packs its checkpoints by
+/// name, so when it is SIGKILLed the 0.3 worker resumes its busy streams
+/// from them rather than from where they were taken; once every worker is
+/// new, checkpoints go by slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_upgrade_from_0_3_packs_by_name_while_a_0_3_worker_may_take_over() {
+    let previous = release_binary("TETHER_RELEASE_0_3_BIN", "0.3");
+    let bed = Bed::start(EXE, Default::default()).await.unwrap();
+    let names = bed.apply("roll", 6).await.unwrap();
+    let victim = bed
+        .fleet
+        .spawn_with("new-victim", bed.fleet.endpoint(), &["--no-rebalance"])
+        .unwrap();
+    Bed::wait(
+        Duration::from_secs(20),
+        "new-victim serves everything, by slot while alone",
+        || async {
+            bed.owned_by("new-victim").await == names.len()
+                && bed.connected_once(&names)
+                && bed.packs_by_slot("new-victim").await
+        },
+    )
+    .await
+    .unwrap();
+    let mut old_fleet = bed.fleet.clone();
+    old_fleet.workers.exe = previous;
+    let mut old = old_fleet.spawn("old-a").unwrap();
+    Bed::wait(
+        Duration::from_secs(15),
+        "new-victim packs by name beside a 0.3 worker",
+        || bed.packs_by_name("new-victim", names.len()),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(bed.packs_by_name("new-victim", names.len()).await);
+    victim.signal(Signal::SIGKILL).unwrap();
+    Bed::wait(
+        Duration::from_secs(15),
+        "the 0.3 worker holds every stream",
+        || async {
+            bed.owned_by("old-a").await == names.len() && bed.all_connected_once(&names).await
+        },
+    )
+    .await
+    .unwrap();
+    let before = bed.max_seqs(&names);
+    Bed::wait(Duration::from_secs(10), "data flows again", || async {
+        bed.max_seqs(&names).iter().all(|(n, s)| *s > before[n])
+    })
+    .await
+    .unwrap();
+    let replayed = bed.most_replayed(&names);
+    assert!(
+        replayed <= 50,
+        "a stream replayed {replayed} messages: the 0.3 worker did not find its checkpoint"
+    );
+
+    // The fleet rolls on: a new worker takes over from the draining 0.3 one
+    // and, alone with new workers, packs by slot.
+    let _new_b = bed.fleet.spawn("new-b").unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    old.signal(Signal::SIGTERM).unwrap();
+    assert!(old.wait(Duration::from_secs(15)).await.unwrap().success());
+    Bed::wait(
+        Duration::from_secs(15),
+        "new-b serves everything, by slot",
+        || async {
+            bed.owned_by("new-b").await == names.len()
+                && bed.all_connected_once(&names).await
+                && bed.packs_by_slot("new-b").await
+        },
+    )
+    .await
+    .unwrap();
+    bed.assert_safe(&names, 100);
+}

@@ -123,6 +123,47 @@ async fn sigkill_moves_every_stream_elsewhere_within_a_lease_without_overlap_or_
     bed.assert_safe(&names, 5);
 }
 
+/// A SIGKILLed worker's busy streams resume from the checkpoints it packed
+/// by slot, not from where it took them: a busy stream's own item is not
+/// written while it is held, so without them the successor would replay
+/// everything the victim delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_resumes_busy_streams_from_the_checkpoints_packed_by_slot() {
+    let bed = bed().await;
+    let names = bed.apply("s", 6).await.unwrap();
+    let victim = bed
+        .fleet
+        .spawn_with("victim", bed.fleet.endpoint(), &["--no-rebalance"])
+        .unwrap();
+    let (victim, _others) = loaded_victim(&bed, &names, victim, &["b"]).await;
+    eventually(
+        Duration::from_secs(15),
+        "the victim packs its checkpoints by slot",
+        || bed.packs_by_slot("victim"),
+    )
+    .await;
+    // Long enough that replaying from the take would be ~8 s of messages.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(bed.packs_by_slot("victim").await);
+    victim.signal(Signal::SIGKILL).unwrap();
+    eventually(Duration::from_secs(15), "b holds every stream", || async {
+        bed.all_connected_once(&names).await && bed.owned_by("b").await == names.len()
+    })
+    .await;
+    let before = bed.max_seqs(&names);
+    eventually(
+        Duration::from_secs(10),
+        "data flows again on every stream",
+        || async { bed.max_seqs(&names).iter().all(|(n, s)| *s > before[n]) },
+    )
+    .await;
+    // 20 messages a second, a renewal every 0.75 s: a second or two of
+    // messages at most.
+    let replayed = bed.most_replayed(&names);
+    assert!(replayed <= 50, "a stream replayed {replayed} messages");
+    bed.assert_safe(&names, 100);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_hands_streams_over_well_before_a_lease_with_their_checkpoints() {
     let mut bed = bed().await;

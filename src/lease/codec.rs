@@ -3,8 +3,8 @@
 
 use super::keys::{Incarnation, StreamKey};
 use super::record::{
-    Checkpoint, Checkpoints, DesiredState, FleetEntry, InboxEntry, OwnerRequests, PodIdentity,
-    StreamRecord, WorkerRecord, WorkerState,
+    DesiredState, FleetEntry, InboxEntry, OwnerRequests, PodIdentity, StreamRecord, WorkerRecord,
+    WorkerState,
 };
 use super::session_status::{Phase, ReleaseReason, SessionStatus};
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -72,6 +72,14 @@ pub mod attr {
     pub const RESTART_COUNT: &str = "restart_count";
     pub const CHECKPOINTS: &str = "checkpoints";
     pub const CHECKPOINT_SHARDS: &str = "checkpoint_shards";
+    /// Slotted checkpoint entries (binary, `lease::packed`).
+    pub const SLOTTED_CHECKPOINTS: &str = "slotted_checkpoints";
+    /// On a worker item: the numbers of the slot pages its entries name.
+    pub const SLOT_PAGES: &str = "slot_pages";
+    /// On a slot page item: what each slot stands for.
+    pub const SLOTS: &str = "slots";
+    /// On a worker item: this incarnation reads slotted checkpoints.
+    pub const READS_SLOTS: &str = "reads_slots";
     pub const CHANGED_STREAMS: &str = "changed_streams";
     /// Set when a worker starts draining (projected: peers stop counting it).
     pub const DRAINING_AT_MS: &str = "draining_at_ms";
@@ -277,11 +285,20 @@ pub fn worker_record(item: &Item) -> Result<WorkerRecord, Malformed> {
         started_at_ms: r.soft_number(attr::CREATED_AT_MS).unwrap_or(0),
         released_at_ms: r.soft_number(attr::RELEASED_AT_MS),
         pod,
-        checkpoints: checkpoints(item),
         checkpoint_shards: r.soft_number(attr::CHECKPOINT_SHARDS).unwrap_or(0) as u32,
+        slot_pages: match item.get(attr::SLOT_PAGES) {
+            Some(AttributeValue::Ns(pages)) => {
+                pages.iter().filter_map(|p| p.parse().ok()).collect()
+            }
+            _ => Vec::new(),
+        },
         changed_streams,
         announces_changes: matches!(
             item.get(attr::ANNOUNCES_CHANGES),
+            Some(AttributeValue::Bool(true))
+        ),
+        reads_slots: matches!(
+            item.get(attr::READS_SLOTS),
             Some(AttributeValue::Bool(true))
         ),
         incarnation,
@@ -304,59 +321,6 @@ pub fn fleet_entry(item: &Item) -> Result<FleetEntry, Malformed> {
         started_at_ms: r.soft_number(attr::CREATED_AT_MS),
         draining: r.soft_number(attr::DRAINING_AT_MS).is_some(),
     })
-}
-
-/// The packed checkpoints of a worker or checkpoint-shard item. Entries that do
-/// not parse are skipped: a checkpoint only ever saves a replay.
-pub fn checkpoints(item: &Item) -> Checkpoints {
-    let Some(AttributeValue::M(map)) = item.get(attr::CHECKPOINTS) else {
-        return Checkpoints::new();
-    };
-    map.iter()
-        .filter_map(|(name, value)| {
-            let key = StreamKey::parse(name)?;
-            let (seq, token) = value.as_s().ok()?.split_once(':')?;
-            Some((
-                key,
-                Checkpoint {
-                    seq: seq.parse().ok()?,
-                    token: token.parse().ok()?,
-                },
-            ))
-        })
-        .collect()
-}
-
-/// One packed entry as stored: `"<seq>:<token>"`.
-pub fn checkpoint_value(c: &Checkpoint) -> AttributeValue {
-    s(format!("{}:{}", c.seq, c.token))
-}
-
-/// Bytes one packed entry adds to its item (DynamoDB counts name and value).
-pub fn checkpoint_size(key: &StreamKey, c: &Checkpoint) -> usize {
-    // name + value text + a few bytes of map overhead
-    key.namespace.len() + key.name.len() + 1 + digits(c.seq) + digits(c.token) + 1 + 3
-}
-
-fn digits(mut v: u64) -> usize {
-    let mut n = 1;
-    while v >= 10 {
-        v /= 10;
-        n += 1;
-    }
-    n
-}
-
-/// Encodes checkpoints as the map attribute value.
-pub fn checkpoints_value<'a>(
-    entries: impl IntoIterator<Item = (&'a StreamKey, &'a Checkpoint)>,
-) -> AttributeValue {
-    AttributeValue::M(
-        entries
-            .into_iter()
-            .map(|(k, c)| (k.to_string(), checkpoint_value(c)))
-            .collect(),
-    )
 }
 
 pub fn attr_map_to_json(map: &HashMap<String, AttributeValue>) -> serde_json::Value {
@@ -418,23 +382,5 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.pk, "CONN#a/b");
         assert!(e.detail.contains("last_seq"), "{e:?}");
-    }
-
-    #[test]
-    fn packed_checkpoints_round_trip_and_skip_garbage() {
-        let a = StreamKey::new("ns", "a");
-        let c = Checkpoint { seq: 41, token: 7 };
-        let mut value = match checkpoints_value([(&a, &c)]) {
-            AttributeValue::M(m) => m,
-            _ => unreachable!(),
-        };
-        value.insert("ns/b".into(), s("x:y"));
-        let parsed = checkpoints(&item(&[
-            (attr::PK, s("WORKER#w~1")),
-            (attr::CHECKPOINTS, AttributeValue::M(value)),
-        ]));
-        assert_eq!(parsed.len(), 1);
-        assert_eq!(parsed[&a], c);
-        assert_eq!(checkpoint_size(&a, &c), 4 + 2 + 1 + 1 + 3);
     }
 }

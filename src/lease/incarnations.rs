@@ -12,15 +12,11 @@
 use super::changes::{CHANGES_PK, changes_key, changes_of};
 use super::client::{ConditionFailed, LeaseStore};
 use super::clock::now_ms;
-use super::codec::{
-    Item, Malformed, attr, checkpoints, checkpoints_value, fleet_entry, n, s, worker_record,
-};
+use super::codec::{Item, Malformed, attr, fleet_entry, n, s, worker_record};
 use super::error::StoreError;
 use super::keys::{FLEET_HOLDER, Incarnation, StreamKey};
 use super::pages::PartitionQuery;
-use super::record::{
-    Checkpoint, Checkpoints, FleetEntry, InboxEntry, PodIdentity, WorkerRecord, WorkerState,
-};
+use super::record::{FleetEntry, InboxEntry, PackedShard, PodIdentity, WorkerRecord, WorkerState};
 use super::update::Update;
 use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, ReturnConsumedCapacity, ReturnValue,
@@ -30,7 +26,7 @@ use std::time::Duration;
 
 /// TTL of a live worker's item, refreshed by every renewal: long enough never
 /// to lapse under a live worker, short enough that crashed ones disappear.
-const LIVE_ITEM_TTL: Duration = Duration::from_secs(24 * 3600);
+pub(super) const LIVE_ITEM_TTL: Duration = Duration::from_secs(24 * 3600);
 /// TTL of a DEAD or LEFT worker's items (their checkpoints are needed only
 /// until their streams have moved).
 const ENDED_ITEM_TTL: Duration = Duration::from_secs(3600);
@@ -39,7 +35,7 @@ const BATCH_GET_LIMIT: usize = 100;
 /// Retries of BatchGetItem's unprocessed keys.
 const BATCH_GET_ATTEMPTS: usize = 5;
 
-fn ttl(from_now: Duration) -> AttributeValue {
+pub(super) fn ttl(from_now: Duration) -> AttributeValue {
     n(now_ms() / 1000 + from_now.as_secs())
 }
 
@@ -51,9 +47,11 @@ pub struct Renewal<'a> {
     pub lease_ms: u64,
     pub held: u64,
     /// Checkpoint shard 0.
-    pub checkpoints: Vec<(&'a StreamKey, &'a Checkpoint)>,
+    pub shard0: &'a PackedShard,
     /// How many checkpoint shards exist in all (0: none, 1: only shard 0).
     pub checkpoint_shards: u32,
+    /// The slot pages written so far (what slotted entries may name).
+    pub slot_pages: &'a [u32],
     /// Inbox entries handled since the last renewal (their stored elements).
     pub handled: Vec<String>,
 }
@@ -131,6 +129,7 @@ impl LeaseStore {
                     .item(attr::CREATED_AT_MS, n(now))
                     .item(attr::HELD, n(0))
                     .item(attr::ANNOUNCES_CHANGES, AttributeValue::Bool(true))
+                    .item(attr::READS_SLOTS, AttributeValue::Bool(true))
                     .item(attr::EXPIRES_AT, ttl(LIVE_ITEM_TTL))
                     .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
                 req = absent.guard_put(req);
@@ -184,10 +183,25 @@ impl LeaseStore {
             n(now_ms() + renewal.lease_ms),
         );
         update.set(attr::HELD, ":held", n(renewal.held));
-        update.set(
-            attr::CHECKPOINTS,
-            ":ck",
-            checkpoints_value(renewal.checkpoints.iter().copied()),
+        // Each attribute only while it has something: an absent one costs
+        // nothing in every later write of the item.
+        let mut set_or_remove =
+            |name: &'static str, placeholder: &str, v: Option<AttributeValue>| match v {
+                Some(v) => update.set(name, placeholder, v),
+                None => update.remove(name),
+            };
+        set_or_remove(attr::CHECKPOINTS, ":ck", renewal.shard0.named_value());
+        set_or_remove(
+            attr::SLOTTED_CHECKPOINTS,
+            ":slotted",
+            renewal.shard0.slotted_value(),
+        );
+        set_or_remove(
+            attr::SLOT_PAGES,
+            ":pages",
+            (!renewal.slot_pages.is_empty()).then(|| {
+                AttributeValue::Ns(renewal.slot_pages.iter().map(u32::to_string).collect())
+            }),
         );
         update.set(
             attr::CHECKPOINT_SHARDS,
@@ -235,54 +249,6 @@ impl LeaseStore {
         }
     }
 
-    /// Writes checkpoint shard `shard` (≥ 1) of this incarnation.
-    pub async fn write_checkpoint_shard(
-        &self,
-        me: &Incarnation,
-        shard: u32,
-        entries: &[(&StreamKey, &Checkpoint)],
-    ) -> Result<(), StoreError> {
-        let pk = me.checkpoint_pk(shard);
-        let out = self
-            .call_plain("write_checkpoints", Some(&pk), || {
-                self.client
-                    .put_item()
-                    .table_name(&self.table)
-                    .item(attr::PK, s(&pk))
-                    .item(
-                        attr::CHECKPOINTS,
-                        checkpoints_value(entries.iter().copied()),
-                    )
-                    .item(attr::EXPIRES_AT, ttl(LIVE_ITEM_TTL))
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
-                    .send()
-            })
-            .await?;
-        self.record_capacity("write_checkpoints", out.consumed_capacity());
-        Ok(())
-    }
-
-    /// Removes checkpoint shard `shard` (no longer needed).
-    pub async fn delete_checkpoint_shard(
-        &self,
-        me: &Incarnation,
-        shard: u32,
-    ) -> Result<(), StoreError> {
-        let pk = me.checkpoint_pk(shard);
-        let out = self
-            .call_plain("delete_checkpoints", Some(&pk), || {
-                self.client
-                    .delete_item()
-                    .table_name(&self.table)
-                    .key(attr::PK, s(&pk))
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
-                    .send()
-            })
-            .await?;
-        self.record_capacity("delete_checkpoints", out.consumed_capacity());
-        Ok(())
-    }
-
     /// Every worker item (the `WORKERS` index partition).
     pub async fn fleet(&self) -> Result<WorkerItems, StoreError> {
         let items = self
@@ -312,7 +278,11 @@ impl LeaseStore {
             .transpose()
     }
 
-    async fn get_raw(&self, operation: &'static str, pk: &str) -> Result<Option<Item>, StoreError> {
+    pub(super) async fn get_raw(
+        &self,
+        operation: &'static str,
+        pk: &str,
+    ) -> Result<Option<Item>, StoreError> {
         let out = self
             .call_plain(operation, Some(pk), || {
                 self.client
@@ -544,34 +514,16 @@ impl LeaseStore {
         Ok(())
     }
 
-    /// Everything a (dead) incarnation checkpointed: shard 0 and the rest,
-    /// strongly consistent, highest sequence per stream and token.
-    pub async fn checkpoints_of(&self, who: &Incarnation) -> Result<Checkpoints, StoreError> {
-        let Some(worker) = self.get_raw("get_worker", &who.pk()).await? else {
-            return Ok(Checkpoints::new());
-        };
-        let record = worker_record(&worker).map_err(|m| self.malformed(m))?;
-        let mut all = record.checkpoints;
-        for shard in 1..record.checkpoint_shards.max(1) {
-            if let Some(item) = self
-                .get_raw("get_checkpoints", &who.checkpoint_pk(shard))
-                .await?
-            {
-                for (key, c) in checkpoints(&item) {
-                    let entry = all.entry(key).or_insert(c);
-                    if (c.token, c.seq) > (entry.token, entry.seq) {
-                        *entry = c;
-                    }
-                }
-            }
-        }
-        Ok(all)
-    }
-
-    /// Deletes a DEAD or LEFT incarnation's items once it holds nothing.
-    pub async fn forget_worker(&self, who: &Incarnation, shards: u32) -> Result<(), StoreError> {
-        for shard in 1..shards.max(1) {
-            self.delete_checkpoint_shard(who, shard).await?;
+    /// Deletes a DEAD or LEFT incarnation's items once it holds nothing
+    /// (`record`: its worker item as last read, which names the others).
+    pub async fn forget_worker(
+        &self,
+        who: &Incarnation,
+        record: Option<&WorkerRecord>,
+    ) -> Result<(), StoreError> {
+        if let Some(r) = record {
+            self.delete_packed_items(who, r.checkpoint_shards, &r.slot_pages)
+                .await?;
         }
         let pk = who.pk();
         let mut not_live = Update::new();

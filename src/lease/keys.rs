@@ -11,6 +11,8 @@ pub const STREAM_PK_PREFIX: &str = "CONN#";
 pub const WORKER_PK_PREFIX: &str = "WORKER#";
 /// Prefix of a worker's extra checkpoint shards.
 pub const CHECKPOINT_PK_PREFIX: &str = "CKPT#";
+/// Partition-key prefix of a worker's slot pages.
+pub(super) const SLOT_PAGE_PK_PREFIX: &str = "SLOTS#";
 /// Partition key of the roster item (every incarnation that may own streams).
 pub(super) const ROSTER_PK: &str = "ROSTER#WORKERS";
 /// `holder` of every worker item: the fleet is one query of this partition.
@@ -165,6 +167,11 @@ impl Incarnation {
     /// Partition key of checkpoint shard `n` (n ≥ 1; shard 0 is in the worker item).
     pub fn checkpoint_pk(&self, n: u32) -> String {
         format!("{CHECKPOINT_PK_PREFIX}{}#{n}", self.0)
+    }
+
+    /// Partition key of slot page `n` (`lease::packed`).
+    pub fn slot_page_pk(&self, n: u32) -> String {
+        format!("{SLOT_PAGE_PK_PREFIX}{}#{n}", self.0)
     }
 
     /// `holder` value of `key` while this incarnation owns it.

@@ -10,6 +10,8 @@
 //! One job per file: `client` (connection, retries, classification), `codec`
 //! (items ⇄ records), `pages` (pagination), `admin` (table), `reads`,
 //! `acquire`, `owner` (owner-guarded writes), `incarnations` (worker items),
+//! `packed` (packed checkpoints as stored) and `packed_items` (the items
+//! besides the worker's that hold them),
 //! `changes` (the fleet's change counter) and `announcer` (its bumps coalesced),
 //! `control` (control-plane writes), `clock` (skew measurement), `view`
 //! (streams as people read them).
@@ -26,6 +28,8 @@ mod error;
 mod incarnations;
 mod keys;
 mod owner;
+mod packed;
+mod packed_items;
 mod pages;
 mod reads;
 mod record;
@@ -47,11 +51,13 @@ pub use keys::{
     CHECKPOINT_PK_PREFIX, FLEET_HOLDER, HOLDER_SHARDS, Incarnation, STREAM_PK_PREFIX, StreamKey,
     UNOWNED_HOLDER_PREFIX, WORKER_PK_PREFIX, unowned_holder, valid_worker_id, worker_id_of,
 };
+pub use packed::{SLOTS_PER_PAGE, named_size, page_of, slotted_size};
 pub use reads::{Change, Found};
 pub use record::{
     AcquireFrom, AcquireOutcome, Checkpoint, Checkpoints, DesiredState, DesiredStream, FleetEntry,
-    InboxEntry, Lease, OWNED_EXPIRY_MS, OwnerRequests, OwnerWrite, Ownership, PodIdentity,
-    ResourceIdentity, StreamRecord, UpsertOutcome, UpsertRefusal, WorkerRecord, WorkerState,
+    InboxEntry, Lease, OWNED_EXPIRY_MS, OwnerRequests, OwnerWrite, Ownership, PackedShard,
+    PodIdentity, ResourceIdentity, SlotEntry, SlotPage, StreamRecord, UpsertOutcome, UpsertRefusal,
+    WorkerRecord, WorkerState,
 };
 pub use session_status::{Phase, ReleaseReason, SessionStatus};
 pub use view::{OwnerView, Owners, StreamView};

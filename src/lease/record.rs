@@ -219,6 +219,37 @@ pub struct Checkpoint {
 /// A worker's packed checkpoints, by stream.
 pub type Checkpoints = BTreeMap<StreamKey, Checkpoint>;
 
+/// One shard's packed entries, in both forms (`lease::packed`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PackedShard {
+    pub named: Vec<(StreamKey, Checkpoint)>,
+    /// `(slot, sequence number − the slot's base)`.
+    pub slotted: Vec<(u64, i64)>,
+}
+
+/// What a slot stands for: written once in a slot page, never changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotEntry {
+    pub key: StreamKey,
+    pub token: u64,
+    /// The sequence number entries count from.
+    pub base: u64,
+}
+
+/// No entries (a renewal that packs nothing).
+impl Default for &PackedShard {
+    fn default() -> Self {
+        static EMPTY: PackedShard = PackedShard {
+            named: Vec::new(),
+            slotted: Vec::new(),
+        };
+        &EMPTY
+    }
+}
+
+/// One slot page: slots by number.
+pub type SlotPage = BTreeMap<u64, SlotEntry>;
+
 /// A worker incarnation's item.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct WorkerRecord {
@@ -238,16 +269,22 @@ pub struct WorkerRecord {
     /// When it last released streams (peers look for orphans when it moves).
     pub released_at_ms: Option<u64>,
     pub pod: Option<PodIdentity>,
-    /// Checkpoint shard 0 (more in `CKPT#` items when it outgrows one).
-    #[serde(skip)]
-    pub checkpoints: Checkpoints,
+    /// How many checkpoint shards it wrote: shard 0 in this item (read by
+    /// `LeaseStore::checkpoints_of`), more in `CKPT#` items.
     pub checkpoint_shards: u32,
+    /// The slot pages its slotted entries name (`lease::packed`).
+    #[serde(skip)]
+    pub slot_pages: Vec<u32>,
     /// Streams the control plane changed since the owner last looked.
     #[serde(skip)]
     pub changed_streams: Vec<InboxEntry>,
     /// Whether it moves the change counter (workers of earlier releases do not).
     #[serde(skip)]
     pub announces_changes: bool,
+    /// Whether it reads slotted checkpoints (workers of earlier releases do
+    /// not: while one is LIVE, peers write theirs by name).
+    #[serde(skip)]
+    pub reads_slots: bool,
 }
 
 /// One inbox entry: a changed stream, with the nonce that makes each change

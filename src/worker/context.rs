@@ -67,6 +67,7 @@ impl WorkerCtx {
                 settings,
                 store,
                 metrics,
+                peers_read_slots: Default::default(),
             }),
             pod,
             sessions: Arc::new(WebSocketSessions),

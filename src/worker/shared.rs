@@ -6,10 +6,16 @@ use super::settings::WorkerSettings;
 use crate::lease::LeaseStore;
 use crate::metrics::WorkerMetrics;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 /// Settings, store and metrics, shared by every task of every incarnation.
 pub struct Shared {
     pub settings: WorkerSettings,
     pub store: LeaseStore,
     pub metrics: Arc<WorkerMetrics>,
+    /// Every LIVE peer of the last full fleet read reads slotted checkpoints
+    /// (set by the acquirer, read by the liveness task): until then, and
+    /// while a worker of an earlier release is LIVE, checkpoints go by name,
+    /// which every release reads.
+    pub peers_read_slots: AtomicBool,
 }

@@ -203,6 +203,60 @@ impl Bed {
         load
     }
 
+    /// The item of `worker`'s LIVE incarnation, as stored (strongly
+    /// consistent), to see what its renewals write.
+    pub async fn worker_item(
+        &self,
+        worker: &str,
+    ) -> Option<HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> {
+        let fleet = self.store.fleet().await.ok()?;
+        let me = fleet.workers.iter().find(|w| {
+            w.state == tether::lease::WorkerState::Live && w.incarnation.worker_id() == worker
+        })?;
+        crate::store::raw_client()
+            .await
+            .get_item()
+            .table_name(self.store.table())
+            .key(
+                "Pk",
+                aws_sdk_dynamodb::types::AttributeValue::S(me.incarnation.pk()),
+            )
+            .consistent_read(true)
+            .send()
+            .await
+            .ok()?
+            .item
+    }
+
+    /// Whether `worker`'s checkpoints go by slot: its item carries slotted
+    /// entries and none by name.
+    pub async fn packs_by_slot(&self, worker: &str) -> bool {
+        self.worker_item(worker).await.is_some_and(|item| {
+            item.contains_key("slotted_checkpoints") && !item.contains_key("checkpoints")
+        })
+    }
+
+    /// Whether `worker`'s checkpoints go by name only, `n` of them.
+    pub async fn packs_by_name(&self, worker: &str, n: usize) -> bool {
+        self.worker_item(worker).await.is_some_and(|item| {
+            !item.contains_key("slotted_checkpoints")
+                && item
+                    .get("checkpoints")
+                    .and_then(|m| m.as_m().ok())
+                    .is_some_and(|m| m.len() == n)
+        })
+    }
+
+    /// The most messages any of `names` was delivered again (a takeover
+    /// replays from the checkpoint it found).
+    pub fn most_replayed(&self, names: &[String]) -> u64 {
+        names
+            .iter()
+            .map(|n| self.log(n).duplicates())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Streams whose live owner is `worker`.
     pub async fn owned_by(&self, worker: &str) -> usize {
         self.owners()

@@ -72,13 +72,8 @@ impl Acquirer {
                 if !found_any {
                     e.emptied = true;
                     if mine && now.duration_since(e.first_seen) >= FORGET_AFTER {
-                        let shards = self
-                            .ctx
-                            .store
-                            .worker(&inc)
-                            .await?
-                            .map_or(0, |w| w.checkpoint_shards);
-                        self.ctx.store.forget_worker(&inc, shards).await?;
+                        let record = self.ctx.store.worker(&inc).await?;
+                        self.ctx.store.forget_worker(&inc, record.as_ref()).await?;
                         self.dead_checkpoints.remove(&inc);
                         self.ended.remove(&inc);
                     }

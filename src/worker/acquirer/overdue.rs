@@ -103,8 +103,9 @@ mod tests {
             started_at_ms: 0,
             released_at_ms: None,
             pod: None,
-            checkpoints: Default::default(),
             checkpoint_shards: 0,
+            slot_pages: Vec::new(),
+            reads_slots: true,
             changed_streams: Vec::new(),
         }
     }

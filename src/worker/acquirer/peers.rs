@@ -9,7 +9,7 @@ use crate::lease::{FleetEntry, Incarnation, StoreError, WorkerState};
 use crate::worker::settings::PEER_SILENCE_HEARTBEATS;
 use tokio::time::Instant;
 
-use super::quiet_state::WATCHED_PEERS;
+use super::quiet_state::{WATCHED_PEERS, every_live_peer};
 
 impl Acquirer {
     /// Reads peers' items (a few every pass, all every heartbeat), updates the
@@ -56,6 +56,12 @@ impl Acquirer {
             // One LIVE peer of an earlier release, which does not move the
             // change counter, and every pass is full.
             self.quiet.set_peers_announce(workers, &self.me, &records);
+            // Likewise one that cannot read slotted checkpoints, and this
+            // worker's go by name.
+            self.ctx.peers_read_slots.store(
+                every_live_peer(workers, &self.me, &records, |r| r.reads_slots),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             let duplicates = records
                 .iter()
                 .filter(|r| {

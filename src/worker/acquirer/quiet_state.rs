@@ -65,20 +65,30 @@ impl QuietState {
     }
 
     /// Records whether every LIVE peer of `fleet` but `me` moves the counter,
-    /// by the items just read: a LIVE peer whose item was not read counts as
-    /// one that does not.
+    /// by the items just read.
     pub(super) fn set_peers_announce(
         &mut self,
         fleet: &[FleetEntry],
         me: &Incarnation,
         read: &[WorkerRecord],
     ) {
-        self.peers_announce = fleet
-            .iter()
-            .filter(|w| w.state == WorkerState::Live && w.incarnation != *me)
-            .all(|w| {
-                read.iter()
-                    .any(|r| r.incarnation == w.incarnation && r.announces_changes)
-            });
+        self.peers_announce = every_live_peer(fleet, me, read, |r| r.announces_changes);
     }
+}
+
+/// Whether every LIVE peer of `fleet` but `me` has `trait_` by the items just
+/// read: a LIVE peer whose item was not read counts as one that has not.
+pub(super) fn every_live_peer(
+    fleet: &[FleetEntry],
+    me: &Incarnation,
+    read: &[WorkerRecord],
+    trait_: impl Fn(&WorkerRecord) -> bool,
+) -> bool {
+    fleet
+        .iter()
+        .filter(|w| w.state == WorkerState::Live && w.incarnation != *me)
+        .all(|w| {
+            read.iter()
+                .any(|r| r.incarnation == w.incarnation && trait_(r))
+        })
 }

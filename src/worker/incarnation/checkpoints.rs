@@ -7,15 +7,21 @@
 //!
 //! DynamoDB bills a write by the size of the whole item, so shard 0 stays
 //! small (the worker item is also what peers read) and one shard is written
-//! per heartbeat however many entries changed in it.
+//! per heartbeat however many entries changed in it. An entry goes by slot
+//! (3–4 bytes, `slot_book`) once its slot's page is written and every LIVE
+//! peer reads slotted entries; by name (~30 bytes) otherwise.
 
-use crate::lease::codec::checkpoint_size;
-use crate::lease::{Checkpoint, StreamKey};
+use super::slot_book::SlotBook;
+use crate::lease::{Checkpoint, PackedShard, SlotPage, StreamKey, named_size, slotted_size};
 use crate::worker::stream::HeldStream;
 use std::collections::HashMap;
+use tokio::time::Instant;
 
-/// Bytes of entries in the worker item: it stays under 4 KB, one read unit
-/// for every peer that reads it, and a few write units per heartbeat.
+/// Bytes of entries in the worker item while every peer reads slotted
+/// entries: the item stays within 1 KB, one write unit per heartbeat.
+pub(super) const SHARD0_SLOTTED_BYTES: usize = 512;
+/// Bytes of entries in the worker item while they go by name: it stays
+/// under 4 KB, one read unit for every peer that reads it.
 pub(super) const SHARD0_BYTES: usize = 3 * 1024;
 /// Bytes of entries in each further shard.
 pub(super) const SHARD_BYTES: usize = 64 * 1024;
@@ -24,21 +30,39 @@ pub(super) const FOLD_AFTER_HEARTBEATS: u32 = 3;
 /// Folds per heartbeat, so a fleet going quiet does not burst writes.
 pub(super) const FOLDS_PER_HEARTBEAT: usize = 64;
 
-/// One shard's entries.
-pub(super) type Shard = Vec<(StreamKey, Checkpoint)>;
-
 /// What one heartbeat writes.
 #[derive(Debug, Default)]
 pub(super) struct Packed {
-    pub shard0: Shard,
+    pub shard0: PackedShard,
     /// Shards 1.. that changed since they were last written: `(number, entries)`.
-    pub changed_shards: Vec<(u32, Shard)>,
+    pub changed_shards: Vec<(u32, PackedShard)>,
     /// Shards that existed and are no longer needed.
     pub stale_shards: Vec<u32>,
     /// How many shards exist after this heartbeat (shard 0 included).
     pub shard_count: u32,
     /// Streams whose checkpoint stood still: fold `seq` into their item.
     pub folds: Vec<(HeldStream, u64)>,
+    /// Slot pages to write (new or changed slots, or a refresh).
+    pub pages_to_write: Vec<(u32, SlotPage)>,
+    /// Slot pages no slot in use lives in.
+    pub pages_to_delete: Vec<u32>,
+    /// The slot pages written, which this heartbeat's entries may name.
+    pub slot_pages: Vec<u32>,
+}
+
+/// One entry, in the form it is packed in.
+enum Entry {
+    Named(Checkpoint),
+    Slotted(u64, i64),
+}
+
+impl Entry {
+    fn size(&self, key: &StreamKey) -> usize {
+        match self {
+            Entry::Named(c) => named_size(key, c),
+            Entry::Slotted(slot, delta) => slotted_size(*slot, *delta),
+        }
+    }
 }
 
 /// The packer's memory between heartbeats.
@@ -47,55 +71,64 @@ pub(super) struct Packer {
     /// Per stream: the last packed sequence number and for how many heartbeats.
     still: HashMap<StreamKey, (u64, u32)>,
     /// Shards 1.. as last written successfully.
-    written: Vec<Shard>,
+    written: Vec<PackedShard>,
+    slots: SlotBook,
 }
 
 impl Packer {
-    pub(super) fn pack(&mut self, held: &[HeldStream]) -> Packed {
-        let mut entries: Vec<(StreamKey, Checkpoint, &HeldStream)> = held
+    /// Packs `held` for one heartbeat: by slot where `slotted` (every LIVE
+    /// peer reads slotted entries) and the stream's slot is written, by name
+    /// otherwise.
+    pub(super) fn pack(&mut self, held: &[HeldStream], slotted: bool, now: Instant) -> Packed {
+        let keys: std::collections::HashSet<&StreamKey> =
+            held.iter().map(|h| &h.lease.key).collect();
+        self.slots.retain(|k| keys.contains(k));
+        let mut entries: Vec<(StreamKey, Entry, u64, &HeldStream)> = held
             .iter()
             .filter_map(|h| {
                 let seq = h.progress.unstored_checkpoint()?;
-                Some((
-                    h.lease.key.clone(),
-                    Checkpoint {
-                        seq,
-                        token: h.lease.counter,
-                    },
-                    h,
-                ))
+                let key = &h.lease.key;
+                let token = h.lease.counter;
+                let entry = match slotted.then(|| self.slots.entry(key, token, seq)).flatten() {
+                    Some((slot, delta)) => Entry::Slotted(slot, delta),
+                    None => Entry::Named(Checkpoint { seq, token }),
+                };
+                Some((key.clone(), entry, seq, h))
             })
             .collect();
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         let mut folds = Vec::new();
         let mut still = HashMap::with_capacity(entries.len());
-        for (key, c, h) in &entries {
+        for (key, _, seq, h) in &entries {
             let beats = match self.still.get(key) {
-                Some((seq, beats)) if *seq == c.seq => beats + 1,
+                Some((last, beats)) if last == seq => beats + 1,
                 _ => 0,
             };
             if beats >= FOLD_AFTER_HEARTBEATS && folds.len() < FOLDS_PER_HEARTBEAT {
-                folds.push(((*h).clone(), c.seq));
+                folds.push(((*h).clone(), *seq));
             }
-            still.insert(key.clone(), (c.seq, beats));
+            still.insert(key.clone(), (*seq, beats));
         }
         self.still = still;
-        let mut shards: Vec<Shard> = vec![Vec::new()];
+        let mut shards: Vec<PackedShard> = vec![PackedShard::default()];
         let mut size = 0;
-        for (key, c, _) in entries {
-            let entry_size = checkpoint_size(&key, &c);
-            let limit = if shards.len() == 1 {
-                SHARD0_BYTES
-            } else {
-                SHARD_BYTES
+        for (key, entry, _, _) in entries {
+            let entry_size = entry.size(&key);
+            let limit = match (shards.len(), slotted) {
+                (1, true) => SHARD0_SLOTTED_BYTES,
+                (1, false) => SHARD0_BYTES,
+                _ => SHARD_BYTES,
             };
-            if size + entry_size > limit && !shards.last().is_some_and(Vec::is_empty) {
-                shards.push(Vec::new());
+            if size + entry_size > limit && !shards.last().is_some_and(PackedShard::is_empty) {
+                shards.push(PackedShard::default());
                 size = 0;
             }
             size += entry_size;
             if let Some(last) = shards.last_mut() {
-                last.push((key, c));
+                match entry {
+                    Entry::Named(c) => last.named.push((key, c)),
+                    Entry::Slotted(slot, delta) => last.slotted.push((slot, delta)),
+                }
             }
         }
         let shard0 = shards.remove(0);
@@ -114,14 +147,17 @@ impl Packer {
             stale_shards,
             shard_count: 1 + shards.len() as u32,
             folds,
+            pages_to_write: self.slots.pages_to_write(now),
+            pages_to_delete: self.slots.pages_to_delete(),
+            slot_pages: self.slots.written_pages(),
         }
     }
 
     /// Records that shard `number` (≥ 1) now holds `entries`.
-    pub(super) fn written(&mut self, number: u32, entries: Shard) {
+    pub(super) fn written(&mut self, number: u32, entries: PackedShard) {
         let i = number as usize - 1;
         if self.written.len() <= i {
-            self.written.resize(i + 1, Vec::new());
+            self.written.resize(i + 1, PackedShard::default());
         }
         self.written[i] = entries;
     }
@@ -129,6 +165,16 @@ impl Packer {
     /// Records that shards from `count` on no longer exist.
     pub(super) fn truncated(&mut self, count: u32) {
         self.written.truncate(count.saturating_sub(1) as usize);
+    }
+
+    /// Records that slot page `number` now holds `page` (written at `at`).
+    pub(super) fn page_written(&mut self, number: u32, page: SlotPage, at: Instant) {
+        self.slots.page_written(number, page, at);
+    }
+
+    /// Records that slot page `number` no longer exists.
+    pub(super) fn page_deleted(&mut self, number: u32) {
+        self.slots.page_deleted(number);
     }
 }
 
@@ -138,6 +184,10 @@ mod tests {
     use crate::lease::{Incarnation, Lease};
     use crate::worker::stream::StreamProgress;
     use std::sync::Arc;
+
+    fn now() -> Instant {
+        Instant::now()
+    }
 
     fn held(name: &str, acked: Option<u64>, persisted: Option<u64>) -> HeldStream {
         let progress = StreamProgress::new(acked, persisted);
@@ -160,22 +210,22 @@ mod tests {
             held("c", None, None),
         ];
         let mut p = Packer::default();
-        let first = p.pack(&streams);
+        let first = p.pack(&streams, false, now());
         assert_eq!(
-            first.shard0,
+            first.shard0.named,
             vec![(StreamKey::new("ns", "b"), Checkpoint { seq: 9, token: 7 })]
         );
         assert_eq!(first.shard_count, 1);
         assert!(first.folds.is_empty());
         for _ in 0..FOLD_AFTER_HEARTBEATS - 1 {
-            assert!(p.pack(&streams).folds.is_empty());
+            assert!(p.pack(&streams, false, now()).folds.is_empty());
         }
-        let folded = p.pack(&streams);
+        let folded = p.pack(&streams, false, now());
         assert_eq!(folded.folds.len(), 1);
         assert_eq!(folded.folds[0].1, 9);
         // It moved again: the wait starts over.
         streams[1].progress.ack(10);
-        assert!(p.pack(&streams).folds.is_empty());
+        assert!(p.pack(&streams, false, now()).folds.is_empty());
     }
 
     #[test]
@@ -184,11 +234,12 @@ mod tests {
             .map(|i| held(&format!("stream-{i:05}"), Some(1_000_000 + i), None))
             .collect();
         let mut p = Packer::default();
-        let packed = p.pack(&streams);
+        let packed = p.pack(&streams, false, now());
         let size: usize = packed
             .shard0
+            .named
             .iter()
-            .map(|(k, c)| checkpoint_size(k, c))
+            .map(|(k, c)| named_size(k, c))
             .sum();
         assert!(size <= SHARD0_BYTES && size > SHARD0_BYTES - 100, "{size}");
         assert_eq!(packed.shard_count, 2);
@@ -196,14 +247,52 @@ mod tests {
         let (n, entries) = packed.changed_shards[0].clone();
         p.written(n, entries);
         assert!(
-            p.pack(&streams).changed_shards.is_empty(),
+            p.pack(&streams, false, now()).changed_shards.is_empty(),
             "unchanged shards are not rewritten"
         );
         streams[1999].progress.ack(5_000_000);
-        assert_eq!(p.pack(&streams).changed_shards.len(), 1);
+        assert_eq!(p.pack(&streams, false, now()).changed_shards.len(), 1);
         let few = &streams[..10];
-        let shrunk = p.pack(few);
+        let shrunk = p.pack(few, false, now());
         assert_eq!(shrunk.shard_count, 1);
         assert_eq!(shrunk.stale_shards, vec![1]);
+    }
+
+    #[test]
+    fn busy_streams_go_by_slot_once_their_page_is_written_and_fit_the_worker_item() {
+        let streams: Vec<HeldStream> = (0..100)
+            .map(|i| held(&format!("busy-stream-{i:03}"), Some(500 + i), None))
+            .collect();
+        let mut p = Packer::default();
+        let first = p.pack(&streams, true, now());
+        assert!(first.shard0.slotted.is_empty(), "no page is written yet");
+        assert!(first.shard_count > 1, "by name they do not fit 512 bytes");
+        assert!(first.slot_pages.is_empty());
+        for (n, page) in first.pages_to_write {
+            p.page_written(n, page, now());
+        }
+        for (n, entries) in first.changed_shards {
+            p.written(n, entries);
+        }
+        for (i, s) in streams.iter().enumerate() {
+            s.progress.ack(600 + i as u64);
+        }
+        let second = p.pack(&streams, true, now());
+        assert_eq!(second.shard0.slotted.len(), 100);
+        assert!(second.shard0.named.is_empty());
+        assert_eq!(second.shard_count, 1);
+        assert_eq!(second.stale_shards, vec![1]);
+        assert_eq!(second.slot_pages, vec![0]);
+        let size: usize = second
+            .shard0
+            .slotted
+            .iter()
+            .map(|(s, d)| slotted_size(*s, *d))
+            .sum();
+        assert!(size <= SHARD0_SLOTTED_BYTES, "{size}");
+        // Peers that do not read slots: everything by name again.
+        let legacy = p.pack(&streams, false, now());
+        assert!(legacy.shard0.slotted.is_empty());
+        assert!(!legacy.shard0.named.is_empty());
     }
 }

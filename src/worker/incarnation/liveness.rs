@@ -13,14 +13,17 @@
 //! renewal that counts it can only be read as missing or older meanwhile,
 //! which costs a takeover replayed messages, never a lost one.
 
-use super::checkpoints::{Packer, Shard};
-use crate::lease::{Incarnation, LeaseStore, OwnerWrite, RenewOutcome, Renewal};
+use super::checkpoints::Packer;
+use crate::lease::{
+    Incarnation, LeaseStore, OwnerWrite, PackedShard, RenewOutcome, Renewal, SlotPage,
+};
 use crate::worker::fence::{Fence, Sent};
 use crate::worker::settings::RENEW_RETRY;
 use crate::worker::shared::Shared;
 use crate::worker::stream::{HeldStream, Registry};
 use futures::FutureExt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
@@ -57,24 +60,36 @@ pub(crate) struct Liveness {
 
 /// What a heartbeat leaves to be written off its critical path.
 struct Chores {
-    changed_shards: Vec<(u32, Shard)>,
+    pages_to_write: Vec<(u32, SlotPage)>,
+    changed_shards: Vec<(u32, PackedShard)>,
     stale_shards: Vec<u32>,
+    pages_to_delete: Vec<u32>,
     folds: Vec<(HeldStream, u64)>,
 }
 
 /// What the chores wrote, for the packer's memory.
 #[derive(Default)]
 struct ChoresDone {
-    written: Vec<(u32, Shard)>,
+    written: Vec<(u32, PackedShard)>,
     truncated: Vec<u32>,
+    pages_written: Vec<(u32, SlotPage, Instant)>,
+    pages_deleted: Vec<u32>,
 }
 
 impl Chores {
     async fn run(self, store: LeaseStore, me: Incarnation) -> ChoresDone {
         let mut done = ChoresDone::default();
+        // Pages first: the next heartbeat's entries may name their slots
+        // only once they are written (the packer learns it from `done`).
+        for (number, page) in self.pages_to_write {
+            let at = Instant::now();
+            match store.write_slot_page(&me, number, &page).await {
+                Ok(()) => done.pages_written.push((number, page, at)),
+                Err(e) => tracing::warn!(error = %e, page = number, "slot page not written"),
+            }
+        }
         for (number, entries) in self.changed_shards {
-            let refs: Vec<_> = entries.iter().map(|(k, c)| (k, c)).collect();
-            match store.write_checkpoint_shard(&me, number, &refs).await {
+            match store.write_checkpoint_shard(&me, number, &entries).await {
                 Ok(()) => done.written.push((number, entries)),
                 Err(e) => {
                     tracing::warn!(error = %e, shard = number, "checkpoint shard not written")
@@ -84,6 +99,11 @@ impl Chores {
         for number in self.stale_shards {
             if store.delete_checkpoint_shard(&me, number).await.is_ok() {
                 done.truncated.push(number);
+            }
+        }
+        for number in self.pages_to_delete {
+            if store.delete_slot_page(&me, number).await.is_ok() {
+                done.pages_deleted.push(number);
             }
         }
         for (h, seq) in self.folds {
@@ -139,6 +159,12 @@ impl Liveness {
         for number in done.truncated {
             self.packer.truncated(number);
         }
+        for (number, page, at) in done.pages_written {
+            self.packer.page_written(number, page, at);
+        }
+        for number in done.pages_deleted {
+            self.packer.page_deleted(number);
+        }
         true
     }
 
@@ -166,13 +192,15 @@ impl Liveness {
         let metrics = &self.ctx.metrics;
         self.version += 1;
         let held = self.registry.snapshot();
-        let packed = self.packer.pack(&held);
+        let slotted = self.ctx.peers_read_slots.load(Ordering::Relaxed);
+        let packed = self.packer.pack(&held, slotted, Instant::now());
         let renewal = Renewal {
             version: self.version,
             lease_ms: self.ctx.settings.lease_duration.as_millis() as u64,
             held: self.registry.staying() as u64,
-            checkpoints: packed.shard0.iter().map(|(k, c)| (k, c)).collect(),
+            shard0: &packed.shard0,
             checkpoint_shards: packed.shard_count,
+            slot_pages: &packed.slot_pages,
             handled: self.handled.clone(),
         };
         let outcome = Box::pin(self.ctx.store.renew(&self.me, &renewal)).await;
@@ -197,8 +225,10 @@ impl Liveness {
                 // heartbeat (the packer offers them again).
                 if chores_idle {
                     let chores = Chores {
+                        pages_to_write: packed.pages_to_write,
                         changed_shards: packed.changed_shards,
                         stale_shards: packed.stale_shards,
+                        pages_to_delete: packed.pages_to_delete,
                         folds: packed.folds,
                     };
                     self.chores = Some(AbortOnDropHandle::new(tokio::spawn(

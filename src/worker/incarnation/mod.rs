@@ -6,6 +6,7 @@
 mod checkpoints;
 mod liveness;
 mod restart;
+mod slot_book;
 
 pub(super) use liveness::{Liveness, LivenessEnd};
 pub use restart::PodLookup;

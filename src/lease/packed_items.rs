@@ -1,0 +1,154 @@
+//! The items packed checkpoints live in besides the worker item: further
+//! checkpoint shards (`CKPT#<incarnation>#<n>`, written when they change)
+//! and slot pages (`SLOTS#<incarnation>#<n>`, written before any entry names
+//! their slots); and reading all of a (dead) incarnation's checkpoints back.
+
+use super::client::LeaseStore;
+use super::codec::{Item, attr, s};
+use super::error::StoreError;
+use super::incarnations::{LIVE_ITEM_TTL, ttl};
+use super::keys::Incarnation;
+use super::packed::{packed_shard, resolve, slot_page, slot_page_value};
+use super::record::{Checkpoints, PackedShard, SlotPage};
+use aws_sdk_dynamodb::types::ReturnConsumedCapacity;
+
+impl LeaseStore {
+    /// Writes checkpoint shard `shard` (≥ 1) of this incarnation.
+    pub async fn write_checkpoint_shard(
+        &self,
+        me: &Incarnation,
+        shard: u32,
+        entries: &PackedShard,
+    ) -> Result<(), StoreError> {
+        let pk = me.checkpoint_pk(shard);
+        self.put_own_item("write_checkpoints", &pk, entries_item(entries))
+            .await
+    }
+
+    /// Writes slot page `page` of this incarnation: what its slots stand for.
+    pub async fn write_slot_page(
+        &self,
+        me: &Incarnation,
+        page: u32,
+        slots: &SlotPage,
+    ) -> Result<(), StoreError> {
+        let pk = me.slot_page_pk(page);
+        let item = Item::from([(attr::SLOTS.to_string(), slot_page_value(slots))]);
+        self.put_own_item("write_slot_page", &pk, item).await
+    }
+
+    /// Removes checkpoint shard `shard` (no longer needed).
+    pub async fn delete_checkpoint_shard(
+        &self,
+        me: &Incarnation,
+        shard: u32,
+    ) -> Result<(), StoreError> {
+        self.delete_own_item("delete_checkpoints", &me.checkpoint_pk(shard))
+            .await
+    }
+
+    /// Removes slot page `page` (none of its slots is in use).
+    pub async fn delete_slot_page(&self, me: &Incarnation, page: u32) -> Result<(), StoreError> {
+        self.delete_own_item("delete_slot_page", &me.slot_page_pk(page))
+            .await
+    }
+
+    /// Everything a (dead) incarnation checkpointed: shard 0 and the rest,
+    /// slotted entries through its slot pages, strongly consistent, highest
+    /// sequence per stream and token.
+    pub async fn checkpoints_of(&self, who: &Incarnation) -> Result<Checkpoints, StoreError> {
+        let Some(worker) = self.get_raw("get_worker", &who.pk()).await? else {
+            return Ok(Checkpoints::new());
+        };
+        let record = super::codec::worker_record(&worker).map_err(|m| self.malformed(m))?;
+        let mut shards = vec![packed_shard(&worker)];
+        for shard in 1..record.checkpoint_shards.max(1) {
+            if let Some(item) = self
+                .get_raw("get_checkpoints", &who.checkpoint_pk(shard))
+                .await?
+            {
+                shards.push(packed_shard(&item));
+            }
+        }
+        let mut slots = SlotPage::new();
+        if shards.iter().any(|s| !s.slotted.is_empty()) {
+            for page in &record.slot_pages {
+                if let Some(item) = self
+                    .get_raw("get_slot_page", &who.slot_page_pk(*page))
+                    .await?
+                {
+                    slots.extend(slot_page(&item));
+                }
+            }
+        }
+        Ok(resolve(&shards, &slots))
+    }
+
+    /// Deletes what a DEAD or LEFT incarnation packed (its worker item is
+    /// `forget_worker`'s).
+    pub(super) async fn delete_packed_items(
+        &self,
+        who: &Incarnation,
+        shards: u32,
+        slot_pages: &[u32],
+    ) -> Result<(), StoreError> {
+        for shard in 1..shards.max(1) {
+            self.delete_checkpoint_shard(who, shard).await?;
+        }
+        for page in slot_pages {
+            self.delete_slot_page(who, *page).await?;
+        }
+        Ok(())
+    }
+
+    /// Puts one of this incarnation's own items (nobody else writes them, so
+    /// no condition), with the TTL of a live worker's.
+    async fn put_own_item(
+        &self,
+        operation: &'static str,
+        pk: &str,
+        mut item: Item,
+    ) -> Result<(), StoreError> {
+        item.insert(attr::PK.to_string(), s(pk));
+        item.insert(attr::EXPIRES_AT.to_string(), ttl(LIVE_ITEM_TTL));
+        let out = self
+            .call_plain(operation, Some(pk), || {
+                self.client
+                    .put_item()
+                    .table_name(&self.table)
+                    .set_item(Some(item.clone()))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
+                    .send()
+            })
+            .await?;
+        self.record_capacity(operation, out.consumed_capacity());
+        Ok(())
+    }
+
+    async fn delete_own_item(&self, operation: &'static str, pk: &str) -> Result<(), StoreError> {
+        let out = self
+            .call_plain(operation, Some(pk), || {
+                self.client
+                    .delete_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(pk))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
+                    .send()
+            })
+            .await?;
+        self.record_capacity(operation, out.consumed_capacity());
+        Ok(())
+    }
+}
+
+/// The attributes of a shard's entries, in whichever forms it has.
+pub(super) fn entries_item(entries: &PackedShard) -> Item {
+    let mut item = Item::new();
+    if let Some(v) = entries.named_value() {
+        item.insert(attr::CHECKPOINTS.to_string(), v);
+    }
+    if let Some(v) = entries.slotted_value() {
+        item.insert(attr::SLOTTED_CHECKPOINTS.to_string(), v);
+    }
+    item
+}
