@@ -148,7 +148,10 @@ async fn two_processes_started_with_one_worker_id_are_two_owners() {
     };
     let status = SessionStatus::default();
     assert_eq!(
-        store.write_status(&twin_lease, &status, 1).await.unwrap(),
+        store
+            .write_status(&twin_lease, &status, 1, &Default::default())
+            .await
+            .unwrap(),
         OwnerWrite::Lost
     );
     assert_eq!(
@@ -248,7 +251,10 @@ async fn a_release_is_final_keeps_the_checkpoint_and_frees_the_stream_at_once() 
     assert_eq!(released.holder, Some(record.key.unowned_holder()));
     // Nothing the old owner still has in flight can touch it again.
     assert_eq!(
-        store.write_status(&lease, &status, 1).await.unwrap(),
+        store
+            .write_status(&lease, &status, 1, &Default::default())
+            .await
+            .unwrap(),
         OwnerWrite::Lost
     );
     assert_eq!(
@@ -381,7 +387,7 @@ async fn a_dead_incarnation_can_never_renew_and_its_streams_move_with_its_checkp
     // The dead owner's writes change nothing.
     assert_eq!(
         store
-            .write_status(&lease, &SessionStatus::default(), 1)
+            .write_status(&lease, &SessionStatus::default(), 1, &Default::default())
             .await
             .unwrap(),
         OwnerWrite::Lost
@@ -665,7 +671,7 @@ async fn control_plane_changes_reach_the_owner_and_never_touch_lease_fields() {
     // The owner releases the STOPPED... (it was re-started: still ours).
     assert_eq!(
         store
-            .write_status(&lease, &SessionStatus::default(), 3)
+            .write_status(&lease, &SessionStatus::default(), 3, &Default::default())
             .await
             .unwrap(),
         OwnerWrite::Done(())

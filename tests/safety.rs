@@ -755,6 +755,60 @@ async fn changes_nobody_announced_are_acted_on_by_the_owners_audit() {
     .await;
 }
 
+/// A reconnect request whose notification was lost (its writer stopped
+/// between the item write and the notification) is acted on when the
+/// resource is mirrored again, not at the sweep minutes later: the owner
+/// writes the requests its session acted on with its status, and a mirror
+/// that finds them behind the item tells it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_request_nobody_announced_is_acted_on_when_mirrored_again() {
+    let mut bed = bed().await;
+    // Audits every 20 s, the first 20 s after the start: neither they nor
+    // the sweep can be what acts on the request within seconds.
+    bed.fleet.workers.lease_duration = Duration::from_secs(15);
+    bed.fleet.workers.heartbeat_interval = Duration::from_secs(5);
+    let names = bed.apply("asked", 1).await.unwrap();
+    let name = names[0].as_str();
+    let _w = bed.fleet.spawn("w").unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the stream is served and its status records what it acted on",
+        || async {
+            let item = bed.store.get(&bed.key(name)).await.unwrap().unwrap();
+            bed.all_connected_once(&names).await && item.served_requests.is_some()
+        },
+    )
+    .await;
+    let sessions = bed.upstream.sessions_of(name).len();
+    raw_client()
+        .await
+        .update_item()
+        .table_name(bed.store.table())
+        .key("Pk", AttributeValue::S(bed.key(name).pk()))
+        .update_expression("SET reconnect_request = :v")
+        .expression_attribute_values(":v", AttributeValue::S("r1".into()))
+        .send()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        bed.upstream.sessions_of(name).len(),
+        sessions,
+        "the unannounced request was acted on before anyone mirrored it again"
+    );
+    let mut desired = bed.spec(name).to_desired(bed.key(name), 1, None);
+    desired.requests.reconnect = Some("r1".into());
+    assert_eq!(
+        bed.store.upsert_desired(&desired).await.unwrap(),
+        tether::lease::UpsertOutcome::Unchanged
+    );
+    eventually(Duration::from_secs(10), "the owner reconnects", || async {
+        bed.upstream.sessions_of(name).len() > sessions && bed.connected_once(&names)
+    })
+    .await;
+    bed.assert_safe(&names, 0);
+}
+
 /// Nothing stranded (property 5b): a crashed worker whose item then
 /// disappears (as a TTL would remove it, or a person) still has its streams
 /// found through the roster and served again.

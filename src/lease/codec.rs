@@ -46,6 +46,9 @@ pub mod attr {
     pub const CONNECTED_SINCE_MS: &str = "connected_since_ms";
     pub const RECONNECTS: &str = "reconnects";
     pub const SERVED_GENERATION: &str = "served_generation";
+    /// What the owner's session has acted on: `{reconnect, move}` (a map,
+    /// empty when neither was asked).
+    pub const SERVED_REQUESTS: &str = "served_requests";
     pub const RELEASED_AT_MS: &str = "released_at_ms";
     /// On a worker item: this incarnation moves the change counter
     /// (`lease::changes`), so peers may read it instead of querying.
@@ -85,6 +88,19 @@ pub mod attr {
     pub const DRAINING_AT_MS: &str = "draining_at_ms";
     /// DynamoDB TTL attribute (epoch seconds) of worker and checkpoint items.
     pub const EXPIRES_AT: &str = "expires_at";
+}
+
+/// `served_requests` as written with a status.
+pub fn served_requests_value(requests: &OwnerRequests) -> AttributeValue {
+    AttributeValue::M(
+        [
+            ("reconnect", &requests.reconnect),
+            ("move", &requests.move_away),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.to_string(), s(v.clone()?))))
+        .collect(),
+    )
 }
 
 /// Attributes the `by_change` index carries besides its keys: enough for the
@@ -245,6 +261,16 @@ pub fn stream_record(item: &Item) -> Result<StreamRecord, Malformed> {
         created_at_ms: r.soft_number(attr::CREATED_AT_MS),
         deleted_at_ms,
         served_generation: r.signed(attr::SERVED_GENERATION).ok().flatten(),
+        served_requests: match item.get(attr::SERVED_REQUESTS) {
+            Some(AttributeValue::M(m)) => {
+                let text = |k: &str| m.get(k).and_then(|v| v.as_s().ok()).cloned();
+                Some(OwnerRequests {
+                    reconnect: text("reconnect"),
+                    move_away: text("move"),
+                })
+            }
+            _ => None,
+        },
         status,
         requests: OwnerRequests {
             reconnect: r.text(attr::RECONNECT_REQUEST),

@@ -109,8 +109,9 @@ fn matches(current: &StreamRecord, desired: &DesiredStream) -> bool {
         && free_holder_ok
 }
 
-/// The owner to tell again about `record`'s spec: one that has served an
-/// earlier generation than the item holds and is not known to have moved on.
+/// The owner to tell again about `record`'s spec or requests: one whose
+/// session runs an earlier generation than the item holds, or has not acted
+/// on the reconnect or move request the item carries.
 /// A notification is lost when its writer stops between the item write and
 /// the notification (a controller losing its leadership or crashing, a CLI
 /// killed): the write is not repeated, since the item already matches, so
@@ -119,22 +120,23 @@ fn matches(current: &StreamRecord, desired: &DesiredStream) -> bool {
 /// owner re-reads the item and acts only on what differs, so a needless
 /// notification costs one read.
 fn owner_behind(record: &StreamRecord) -> Option<super::keys::Incarnation> {
+    let generation_behind = record
+        .served_generation
+        .is_some_and(|served| served < record.generation);
+    let requests_behind = record
+        .served_requests
+        .as_ref()
+        .is_some_and(|served| *served != record.requests);
     match record.ownership() {
-        Ownership::Owned(owner)
-            if record
-                .served_generation
-                .is_some_and(|served| served < record.generation) =>
-        {
-            Some(owner)
-        }
+        Ownership::Owned(owner) if generation_behind || requests_behind => Some(owner),
         _ => None,
     }
 }
 
 impl LeaseStore {
-    /// Tells `record`'s owner again about its spec when it still serves an
-    /// older generation ([`owner_behind`]): for whoever finds the item
-    /// already mirrored.
+    /// Tells `record`'s owner again about its spec or requests when its
+    /// session still runs an older generation or has not acted on a request
+    /// ([`owner_behind`]): for whoever finds the item already mirrored.
     pub async fn remind_owner_behind(&self, record: &StreamRecord) -> Result<(), StoreError> {
         match owner_behind(record) {
             Some(owner) => self.notify_owner(&owner, &record.key).await,
@@ -457,6 +459,7 @@ fn refusal(current: &StreamRecord, desired: &DesiredStream) -> Option<UpsertRefu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::OwnerRequests;
     use crate::lease::{Incarnation, OWNED_EXPIRY_MS};
 
     fn owned_at(generation: i64, served: Option<i64>) -> (StreamRecord, Incarnation) {
@@ -484,5 +487,19 @@ mod tests {
             ..behind
         };
         assert_eq!(owner_behind(&free), None);
+    }
+
+    #[test]
+    fn an_owner_whose_session_has_not_acted_on_a_request_is_told_again() {
+        let (mut record, owner) = owned_at(3, Some(3));
+        record.requests.reconnect = Some("r1".into());
+        // An owner of an earlier release records nothing it served.
+        assert_eq!(owner_behind(&record), None);
+        record.served_requests = Some(OwnerRequests::default());
+        assert_eq!(owner_behind(&record), Some(owner.clone()));
+        record.served_requests = Some(record.requests.clone());
+        assert_eq!(owner_behind(&record), None);
+        record.requests.move_away = Some("m1".into());
+        assert_eq!(owner_behind(&record), Some(owner));
     }
 }

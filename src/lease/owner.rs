@@ -5,9 +5,11 @@
 
 use super::client::{ConditionFailed, LeaseStore};
 use super::clock::now_ms;
-use super::codec::{attr, n, s};
+use super::codec::{attr, n, s, served_requests_value};
 use super::error::StoreError;
-use super::record::{DesiredState, Lease, OWNED_EXPIRY_MS, OwnerWrite, Ownership, StreamRecord};
+use super::record::{
+    DesiredState, Lease, OWNED_EXPIRY_MS, OwnerRequests, OwnerWrite, Ownership, StreamRecord,
+};
 use super::session_status::{ReleaseReason, SessionStatus};
 use super::update::Update;
 use aws_sdk_dynamodb::types::ReturnValue;
@@ -95,16 +97,24 @@ impl LeaseStore {
         })
     }
 
-    /// Writes the session status (and the generation the session runs).
+    /// Writes the session status, with the generation the session runs and
+    /// the requests it has acted on: a mirror that finds either behind what
+    /// the item asks tells the owner again (`LeaseStore::remind_owner_behind`).
     pub async fn write_status(
         &self,
         lease: &Lease,
         status: &SessionStatus,
         served_generation: i64,
+        served_requests: &OwnerRequests,
     ) -> Result<OwnerWrite<()>, StoreError> {
         let mut update = owner_update(lease);
         set_status(&mut update, status);
         update.set(attr::SERVED_GENERATION, ":served", n(served_generation));
+        update.set(
+            attr::SERVED_REQUESTS,
+            ":served_requests",
+            served_requests_value(served_requests),
+        );
         Ok(
             match self
                 .send_owner_update("write_status", lease, &update)

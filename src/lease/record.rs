@@ -89,6 +89,9 @@ pub struct StreamRecord {
     pub deleted_at_ms: Option<u64>,
     /// The generation the owner's current session was started with.
     pub served_generation: Option<i64>,
+    /// The requests the owner's current session has acted on (with its
+    /// status; absent from owners of earlier releases).
+    pub served_requests: Option<OwnerRequests>,
     pub status: Option<SessionStatus>,
     /// What the resource asks of its owner (annotations), acted on once per value.
     pub requests: OwnerRequests,
@@ -132,6 +135,7 @@ impl StreamRecord {
             created_at_ms: None,
             deleted_at_ms: None,
             served_generation: None,
+            served_requests: None,
             status: None,
             requests: OwnerRequests::default(),
         }

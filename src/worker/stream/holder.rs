@@ -337,10 +337,12 @@ impl Holder {
     async fn write_status(&mut self, session: &mut Option<Running>) -> Option<HolderEnd> {
         let status = self.held.progress.take_status()?;
         self.last_status_write = Some(Instant::now());
-        let write = self
-            .ctx
-            .store
-            .write_status(&self.held.lease, &status, self.record.generation);
+        let write = self.ctx.store.write_status(
+            &self.held.lease,
+            &status,
+            self.record.generation,
+            &self.record.requests,
+        );
         let Some(written) = self.store_call(session, Box::pin(write)).await else {
             // Interrupted by a shutdown or handoff: the release that follows
             // writes the status; this one is written again if it does not.
