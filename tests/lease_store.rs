@@ -1022,6 +1022,20 @@ async fn finish_upgrade_frees_streams_under_a_lapsed_version_1_lease() {
     assert_eq!(freed.lease_counter, 4, "the token carries on");
 }
 
+/// Renews `who` with `shard0`, two checkpoint shards and slot page 0.
+async fn renew_packed(store: &LeaseStore, who: &Incarnation, version: u64, shard0: &PackedShard) {
+    let renewal = Renewal {
+        shard0,
+        checkpoint_shards: 2,
+        slot_pages: &[0],
+        ..renewal(version)
+    };
+    assert!(matches!(
+        store.renew(who, &renewal).await.unwrap(),
+        RenewOutcome::Renewed { .. }
+    ));
+}
+
 #[tokio::test]
 async fn slotted_checkpoints_are_read_back_through_the_slot_pages_and_only_through_them() {
     let store = fresh_store(None).await;
@@ -1073,18 +1087,7 @@ async fn slotted_checkpoints_are_read_back_through_the_slot_pages_and_only_throu
         .write_checkpoint_shard(&dead, 1, &shard1)
         .await
         .unwrap();
-    store
-        .renew(
-            &dead,
-            &Renewal {
-                shard0: &shard0,
-                checkpoint_shards: 2,
-                slot_pages: &[0],
-                ..renewal(1)
-            },
-        )
-        .await
-        .unwrap();
+    renew_packed(&store, &dead, 1, &shard0).await;
     let all = store.checkpoints_of(&dead).await.unwrap();
     let seq = |key: &StreamKey| all.get(key).map(|c| (c.seq, c.token));
     assert_eq!(seq(&a.key), Some((1_234, la.counter)));
@@ -1108,18 +1111,7 @@ async fn slotted_checkpoints_are_read_back_through_the_slot_pages_and_only_throu
         .unwrap();
     assert!(store.checkpoints_of(&dead).await.unwrap().is_empty());
     // Without the page, slotted entries are nothing: the takeover replays.
-    store
-        .renew(
-            &dead,
-            &Renewal {
-                shard0: &shard0,
-                checkpoint_shards: 2,
-                slot_pages: &[0],
-                ..renewal(3)
-            },
-        )
-        .await
-        .unwrap();
+    renew_packed(&store, &dead, 3, &shard0).await;
     store.delete_slot_page(&dead, 0).await.unwrap();
     let left = store.checkpoints_of(&dead).await.unwrap();
     assert_eq!(left.keys().collect::<Vec<_>>(), vec![&c.key]);

@@ -47,6 +47,19 @@ async fn loaded_victim(
     (victim, rest)
 }
 
+/// [`loaded_victim`] with a worker `victim` started straight on the store.
+async fn victim_holding_everything(
+    bed: &Bed,
+    names: &[String],
+    others: &[&str],
+) -> (WorkerProcess, Vec<WorkerProcess>) {
+    let victim = bed
+        .fleet
+        .spawn_with("victim", bed.fleet.endpoint(), &["--no-rebalance"])
+        .unwrap();
+    loaded_victim(bed, names, victim, others).await
+}
+
 /// A worker `victim` (keeping what it takes: `--no-rebalance`) whose store
 /// traffic goes through a fault proxy, to cut it off from DynamoDB.
 async fn victim_behind_a_proxy(bed: &Bed) -> (FaultProxy, WorkerProcess) {
@@ -88,11 +101,7 @@ async fn every_stream_is_connected_exactly_once_across_three_workers() {
 async fn sigkill_moves_every_stream_elsewhere_within_a_lease_without_overlap_or_gaps() {
     let bed = bed().await;
     let names = bed.apply("s", 8).await.unwrap();
-    let victim = bed
-        .fleet
-        .spawn_with("victim", bed.fleet.endpoint(), &["--no-rebalance"])
-        .unwrap();
-    let (victim, _others) = loaded_victim(&bed, &names, victim, &["b", "c"]).await;
+    let (victim, _others) = victim_holding_everything(&bed, &names, &["b", "c"]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let killed = tokio::time::Instant::now();
     victim.signal(Signal::SIGKILL).unwrap();
@@ -131,11 +140,7 @@ async fn sigkill_moves_every_stream_elsewhere_within_a_lease_without_overlap_or_
 async fn sigkill_resumes_busy_streams_from_the_checkpoints_packed_by_slot() {
     let bed = bed().await;
     let names = bed.apply("s", 6).await.unwrap();
-    let victim = bed
-        .fleet
-        .spawn_with("victim", bed.fleet.endpoint(), &["--no-rebalance"])
-        .unwrap();
-    let (victim, _others) = loaded_victim(&bed, &names, victim, &["b"]).await;
+    let (victim, _others) = victim_holding_everything(&bed, &names, &["b"]).await;
     eventually(
         Duration::from_secs(15),
         "the victim packs its checkpoints by slot",
