@@ -526,12 +526,9 @@ async fn a_rolling_upgrade_from_0_3_packs_by_name_while_a_0_3_worker_may_take_ov
     )
     .await
     .unwrap();
-    let before = bed.max_seqs(&names);
-    Bed::wait(Duration::from_secs(10), "data flows again", || async {
-        bed.max_seqs(&names).iter().all(|(n, s)| *s > before[n])
-    })
-    .await
-    .unwrap();
+    bed.until_data_flows_again(&names, Duration::from_secs(10))
+        .await
+        .unwrap();
     let replayed = bed.most_replayed(&names);
     assert!(
         replayed <= 50,

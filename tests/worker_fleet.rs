@@ -122,13 +122,9 @@ async fn sigkill_moves_every_stream_elsewhere_within_a_lease_without_overlap_or_
         || async { bed.all_connected_once(&names).await && bed.owned_by("victim").await == 0 },
     )
     .await;
-    let before = bed.max_seqs(&names);
-    eventually(
-        Duration::from_secs(10),
-        "data flows again on every stream",
-        || async { bed.max_seqs(&names).iter().all(|(n, s)| *s > before[n]) },
-    )
-    .await;
+    bed.until_data_flows_again(&names, Duration::from_secs(10))
+        .await
+        .unwrap();
     bed.assert_safe(&names, 5);
 }
 
@@ -155,13 +151,9 @@ async fn sigkill_resumes_busy_streams_from_the_checkpoints_packed_by_slot() {
         bed.all_connected_once(&names).await && bed.owned_by("b").await == names.len()
     })
     .await;
-    let before = bed.max_seqs(&names);
-    eventually(
-        Duration::from_secs(10),
-        "data flows again on every stream",
-        || async { bed.max_seqs(&names).iter().all(|(n, s)| *s > before[n]) },
-    )
-    .await;
+    bed.until_data_flows_again(&names, Duration::from_secs(10))
+        .await
+        .unwrap();
     // 20 messages a second, a renewal every 0.75 s: a second or two of
     // messages at most.
     let replayed = bed.most_replayed(&names);

@@ -247,6 +247,19 @@ impl Bed {
         })
     }
 
+    /// Waits until every one of `names` delivers past where it is now.
+    pub async fn until_data_flows_again(
+        &self,
+        names: &[String],
+        limit: Duration,
+    ) -> anyhow::Result<()> {
+        let before = self.max_seqs(names);
+        Self::wait(limit, "data flows again on every stream", || async {
+            self.max_seqs(names).iter().all(|(n, s)| *s > before[n])
+        })
+        .await
+    }
+
     /// The most messages any of `names` was delivered again (a takeover
     /// replays from the checkpoint it found).
     pub fn most_replayed(&self, names: &[String]) -> u64 {
