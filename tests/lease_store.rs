@@ -1067,7 +1067,7 @@ async fn slotted_checkpoints_are_read_back_through_the_slot_pages_and_only_throu
             base: 5,
         },
     );
-    store.write_slot_page(&dead, 0, &page).await.unwrap();
+    assert!(store.write_slot_page(&dead, 0, &page, 1).await.unwrap());
     // Slot 7 is on no page: its entry is nothing.
     let shard0 = PackedShard {
         named: vec![(
@@ -1112,11 +1112,11 @@ async fn slotted_checkpoints_are_read_back_through_the_slot_pages_and_only_throu
     assert!(store.checkpoints_of(&dead).await.unwrap().is_empty());
     // Without the page, slotted entries are nothing: the takeover replays.
     renew_packed(&store, &dead, 3, &shard0).await;
-    store.delete_slot_page(&dead, 0).await.unwrap();
+    store.delete_slot_page(&dead, 0, 1).await.unwrap();
     let left = store.checkpoints_of(&dead).await.unwrap();
     assert_eq!(left.keys().collect::<Vec<_>>(), vec![&c.key]);
     // Forgetting the incarnation deletes its pages and shards with its item.
-    store.write_slot_page(&dead, 0, &page).await.unwrap();
+    assert!(store.write_slot_page(&dead, 0, &page, 2).await.unwrap());
     assert_eq!(
         store.declare_dead(&dead, 3).await.unwrap(),
         Some(WorkerState::Dead)
@@ -1196,4 +1196,48 @@ async fn a_renewal_carrying_a_hundred_busy_streams_by_slot_costs_one_write_unit(
     let slotted = cost(by_slot).await;
     assert_eq!(slotted, 1.0, "by slot (by name: {named})");
     assert!(named >= 3.0, "by name: {named}");
+}
+
+#[tokio::test]
+async fn a_late_earlier_slot_page_write_or_delete_never_undoes_a_later_write() {
+    let store = fresh_store(None).await;
+    let me = worker(&store, "pages").await;
+    let key = StreamKey::new("test", "paged");
+    let page = |base| {
+        SlotPage::from([(
+            0,
+            SlotEntry {
+                key: key.clone(),
+                token: 1,
+                base,
+            },
+        )])
+    };
+    let shard0 = PackedShard {
+        named: vec![],
+        slotted: vec![(0, 1)],
+    };
+    renew_packed(&store, &me, 1, &shard0).await;
+    let found = |store: LeaseStore, me: Incarnation, key: StreamKey| async move {
+        store
+            .checkpoints_of(&me)
+            .await
+            .unwrap()
+            .get(&key)
+            .map(|c| c.seq)
+    };
+    assert!(store.write_slot_page(&me, 0, &page(10), 2).await.unwrap());
+    // The same write again (a retry whose first attempt landed) is fine.
+    assert!(store.write_slot_page(&me, 0, &page(10), 2).await.unwrap());
+    // An earlier write whose attempt lands late is refused ...
+    assert!(!store.write_slot_page(&me, 0, &page(5), 1).await.unwrap());
+    // ... and an earlier write's delete removes nothing.
+    store.delete_slot_page(&me, 0, 1).await.unwrap();
+    assert_eq!(
+        found(store.clone(), me.clone(), key.clone()).await,
+        Some(11)
+    );
+    // The delete of the write that is there removes it.
+    store.delete_slot_page(&me, 0, 2).await.unwrap();
+    assert_eq!(found(store.clone(), me.clone(), key.clone()).await, None);
 }

@@ -92,6 +92,9 @@ impl LeaseStore {
                 attr::CONNECTED_SINCE_MS,
                 attr::RELEASED_AT_MS,
                 attr::RELEASE_REASON,
+                // The previous owner's: the new one writes its own with its
+                // first status, and is not reminded of what it never saw.
+                attr::SERVED_REQUESTS,
             ] {
                 update.remove(stale);
             }

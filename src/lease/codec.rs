@@ -81,6 +81,9 @@ pub mod attr {
     pub const SLOT_PAGES: &str = "slot_pages";
     /// On a slot page item: what each slot stands for.
     pub const SLOTS: &str = "slots";
+    /// On a slot page item: its writer's number for this write (they only
+    /// grow), so a late earlier write or delete cannot undo a later write.
+    pub const PAGE_WRITE: &str = "page_write";
     /// On a worker item: this incarnation reads slotted checkpoints.
     pub const READS_SLOTS: &str = "reads_slots";
     pub const CHANGED_STREAMS: &str = "changed_streams";

@@ -21,13 +21,14 @@ use aws_sdk_dynamodb::types::ReturnValue;
 /// Attempts of a control-plane write that keeps meeting concurrent changes.
 const MAX_CONTROL_ATTEMPTS: usize = 5;
 /// Session-status attributes a re-created stream starts without.
-const STATUS_ATTRIBUTES: [&str; 6] = [
+const STATUS_ATTRIBUTES: [&str; 7] = [
     attr::PHASE,
     attr::STATUS_REASON,
     attr::STATUS_MESSAGE,
     attr::CONNECTED_SINCE_MS,
     attr::RECONNECTS,
     attr::SERVED_GENERATION,
+    attr::SERVED_REQUESTS,
 ];
 
 /// Result of [`LeaseStore::delete_stream`].

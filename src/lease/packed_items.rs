@@ -3,13 +3,14 @@
 //! and slot pages (`SLOTS#<incarnation>#<n>`, written before any entry names
 //! their slots); and reading all of a (dead) incarnation's checkpoints back.
 
-use super::client::LeaseStore;
-use super::codec::{Item, attr, s};
+use super::client::{ConditionFailed, LeaseStore};
+use super::codec::{Item, attr, n, s};
 use super::error::StoreError;
 use super::incarnations::{LIVE_ITEM_TTL, ttl};
 use super::keys::Incarnation;
 use super::packed::{packed_shard, resolve, slot_page, slot_page_value};
 use super::record::{Checkpoints, PackedShard, SlotPage};
+use super::update::Update;
 use aws_sdk_dynamodb::types::ReturnConsumedCapacity;
 
 impl LeaseStore {
@@ -25,16 +26,46 @@ impl LeaseStore {
             .await
     }
 
-    /// Writes slot page `page` of this incarnation: what its slots stand for.
+    /// Writes slot page `page` of this incarnation, what its slots stand
+    /// for, as this incarnation's page write number `write` (numbers only
+    /// grow): a write of an earlier number that lands late, its first attempt
+    /// delayed past a retry, never replaces it. `false` when a later write is
+    /// there.
     pub async fn write_slot_page(
         &self,
         me: &Incarnation,
         page: u32,
         slots: &SlotPage,
-    ) -> Result<(), StoreError> {
+        write: u64,
+    ) -> Result<bool, StoreError> {
         let pk = me.slot_page_pk(page);
-        let item = Item::from([(attr::SLOTS.to_string(), slot_page_value(slots))]);
-        self.put_own_item("write_slot_page", &pk, item).await
+        let item = Item::from([
+            (attr::PK.to_string(), s(&pk)),
+            (attr::SLOTS.to_string(), slot_page_value(slots)),
+            (attr::PAGE_WRITE.to_string(), n(write)),
+            (attr::EXPIRES_AT.to_string(), ttl(LIVE_ITEM_TTL)),
+        ]);
+        let mut not_later = Update::new();
+        not_later.require("(attribute_not_exists(Pk) OR page_write <= :write)");
+        not_later.value(":write", n(write));
+        let out = self
+            .call("write_slot_page", Some(&pk), || {
+                let req = self
+                    .client
+                    .put_item()
+                    .table_name(&self.table)
+                    .set_item(Some(item.clone()))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
+                not_later.guard_put(req).send()
+            })
+            .await?;
+        Ok(match out {
+            Ok(o) => {
+                self.record_capacity("write_slot_page", o.consumed_capacity());
+                true
+            }
+            Err(ConditionFailed) => false,
+        })
     }
 
     /// Removes checkpoint shard `shard` (no longer needed).
@@ -47,10 +78,35 @@ impl LeaseStore {
             .await
     }
 
-    /// Removes slot page `page` (none of its slots is in use).
-    pub async fn delete_slot_page(&self, me: &Incarnation, page: u32) -> Result<(), StoreError> {
-        self.delete_own_item("delete_slot_page", &me.slot_page_pk(page))
-            .await
+    /// Removes slot page `page` (none of its slots is in use) if it is
+    /// still as page write `write` left it: a delete that lands late never
+    /// removes a page written since.
+    pub async fn delete_slot_page(
+        &self,
+        me: &Incarnation,
+        page: u32,
+        write: u64,
+    ) -> Result<(), StoreError> {
+        let pk = me.slot_page_pk(page);
+        let mut unchanged = Update::new();
+        unchanged.require("(attribute_not_exists(Pk) OR page_write = :write)");
+        unchanged.value(":write", n(write));
+        let out = self
+            .call("delete_slot_page", Some(&pk), || {
+                let req = self
+                    .client
+                    .delete_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(&pk))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
+                unchanged.guard_delete(req).send()
+            })
+            .await?;
+        // A later write there is not this delete's to remove.
+        if let Ok(o) = out {
+            self.record_capacity("delete_slot_page", o.consumed_capacity());
+        }
+        Ok(())
     }
 
     /// Everything a (dead) incarnation checkpointed: shard 0 and the rest,
@@ -96,7 +152,8 @@ impl LeaseStore {
             self.delete_checkpoint_shard(who, shard).await?;
         }
         for page in slot_pages {
-            self.delete_slot_page(who, *page).await?;
+            self.delete_own_item("delete_slot_page", &who.slot_page_pk(*page))
+                .await?;
         }
         Ok(())
     }

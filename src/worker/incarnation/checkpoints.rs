@@ -11,8 +11,8 @@
 //! (3–4 bytes, `slot_book`) once its slot's page is written and every LIVE
 //! peer reads slotted entries; by name (~30 bytes) otherwise.
 
-use super::slot_book::SlotBook;
-use crate::lease::{Checkpoint, PackedShard, SlotPage, StreamKey, named_size, slotted_size};
+use super::slot_book::{PageWrite, SlotBook};
+use crate::lease::{Checkpoint, PackedShard, StreamKey, named_size, slotted_size};
 use crate::worker::stream::HeldStream;
 use std::collections::HashMap;
 use tokio::time::Instant;
@@ -43,9 +43,9 @@ pub(super) struct Packed {
     /// Streams whose checkpoint stood still: fold `seq` into their item.
     pub folds: Vec<(HeldStream, u64)>,
     /// Slot pages to write (new or changed slots, or a refresh).
-    pub pages_to_write: Vec<(u32, SlotPage)>,
-    /// Slot pages no slot in use lives in.
-    pub pages_to_delete: Vec<u32>,
+    pub pages_to_write: Vec<PageWrite>,
+    /// Slot pages no slot in use lives in, with the write that left each.
+    pub pages_to_delete: Vec<(u32, u64)>,
     /// The slot pages written, which this heartbeat's entries may name.
     pub slot_pages: Vec<u32>,
 }
@@ -167,9 +167,9 @@ impl Packer {
         self.written.truncate(count.saturating_sub(1) as usize);
     }
 
-    /// Records that slot page `number` now holds `page` (written at `at`).
-    pub(super) fn page_written(&mut self, number: u32, page: SlotPage, at: Instant) {
-        self.slots.page_written(number, page, at);
+    /// Records that a slot page write landed (sent at `at`).
+    pub(super) fn page_written(&mut self, done: PageWrite, at: Instant) {
+        self.slots.page_written(done, at);
     }
 
     /// Records that slot page `number` no longer exists.
@@ -268,8 +268,8 @@ mod tests {
         assert!(first.shard0.slotted.is_empty(), "no page is written yet");
         assert!(first.shard_count > 1, "by name they do not fit 512 bytes");
         assert!(first.slot_pages.is_empty());
-        for (n, page) in first.pages_to_write {
-            p.page_written(n, page, now());
+        for w in first.pages_to_write {
+            p.page_written(w, now());
         }
         for (n, entries) in first.changed_shards {
             p.written(n, entries);

@@ -14,9 +14,8 @@
 //! which costs a takeover replayed messages, never a lost one.
 
 use super::checkpoints::Packer;
-use crate::lease::{
-    Incarnation, LeaseStore, OwnerWrite, PackedShard, RenewOutcome, Renewal, SlotPage,
-};
+use super::slot_book::PageWrite;
+use crate::lease::{Incarnation, LeaseStore, OwnerWrite, PackedShard, RenewOutcome, Renewal};
 use crate::worker::fence::{Fence, Sent};
 use crate::worker::settings::RENEW_RETRY;
 use crate::worker::shared::Shared;
@@ -60,10 +59,10 @@ pub(crate) struct Liveness {
 
 /// What a heartbeat leaves to be written off its critical path.
 struct Chores {
-    pages_to_write: Vec<(u32, SlotPage)>,
+    pages_to_write: Vec<PageWrite>,
     changed_shards: Vec<(u32, PackedShard)>,
     stale_shards: Vec<u32>,
-    pages_to_delete: Vec<u32>,
+    pages_to_delete: Vec<(u32, u64)>,
     folds: Vec<(HeldStream, u64)>,
 }
 
@@ -72,7 +71,7 @@ struct Chores {
 struct ChoresDone {
     written: Vec<(u32, PackedShard)>,
     truncated: Vec<u32>,
-    pages_written: Vec<(u32, SlotPage, Instant)>,
+    pages_written: Vec<(PageWrite, Instant)>,
     pages_deleted: Vec<u32>,
 }
 
@@ -81,11 +80,15 @@ impl Chores {
         let mut done = ChoresDone::default();
         // Pages first: the next heartbeat's entries may name their slots
         // only once they are written (the packer learns it from `done`).
-        for (number, page) in self.pages_to_write {
+        for w in self.pages_to_write {
             let at = Instant::now();
-            match store.write_slot_page(&me, number, &page).await {
-                Ok(()) => done.pages_written.push((number, page, at)),
-                Err(e) => tracing::warn!(error = %e, page = number, "slot page not written"),
+            match store.write_slot_page(&me, w.number, &w.page, w.write).await {
+                Ok(true) => done.pages_written.push((w, at)),
+                Ok(false) => tracing::warn!(
+                    page = w.number,
+                    "slot page not written: a later write of it is there"
+                ),
+                Err(e) => tracing::warn!(error = %e, page = w.number, "slot page not written"),
             }
         }
         for (number, entries) in self.changed_shards {
@@ -101,8 +104,8 @@ impl Chores {
                 done.truncated.push(number);
             }
         }
-        for number in self.pages_to_delete {
-            if store.delete_slot_page(&me, number).await.is_ok() {
+        for (number, write) in self.pages_to_delete {
+            if store.delete_slot_page(&me, number, write).await.is_ok() {
                 done.pages_deleted.push(number);
             }
         }
@@ -159,8 +162,8 @@ impl Liveness {
         for number in done.truncated {
             self.packer.truncated(number);
         }
-        for (number, page, at) in done.pages_written {
-            self.packer.page_written(number, page, at);
+        for (write, at) in done.pages_written {
+            self.packer.page_written(write, at);
         }
         for number in done.pages_deleted {
             self.packer.page_deleted(number);

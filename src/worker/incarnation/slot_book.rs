@@ -41,8 +41,26 @@ pub(super) struct SlotBook {
     streams: HashMap<StreamKey, Vec<u64>>,
     /// What every slot in use stands for.
     slots: BTreeMap<u64, SlotEntry>,
-    /// Pages as last written, and when.
-    written: BTreeMap<u32, (SlotPage, Instant)>,
+    /// The last page write number given (`lease::LeaseStore::write_slot_page`).
+    writes: u64,
+    /// Pages as last written, when, and as which write.
+    written: BTreeMap<u32, Written>,
+}
+
+/// A page as last written.
+#[derive(Debug)]
+struct Written {
+    page: SlotPage,
+    at: Instant,
+    write: u64,
+}
+
+/// A page to write, as page write number `write`.
+#[derive(Debug)]
+pub(super) struct PageWrite {
+    pub number: u32,
+    pub page: SlotPage,
+    pub write: u64,
 }
 
 impl SlotBook {
@@ -54,6 +72,7 @@ impl SlotBook {
             streams,
             slots,
             written,
+            ..
         } = self;
         let mine = streams.entry(key.clone()).or_default();
         // Slots of another token belong to an earlier lease of the stream.
@@ -67,7 +86,7 @@ impl SlotBook {
         let is_written = |s: &u64| {
             written
                 .get(&page_of(*s))
-                .is_some_and(|(page, _)| page.get(s) == slots.get(s))
+                .is_some_and(|w| w.page.get(s) == slots.get(s))
         };
         let usable = mine.iter().rposition(is_written);
         if let Some(i) = usable {
@@ -132,24 +151,37 @@ impl SlotBook {
         pages
     }
 
-    /// Pages to write: changed since last written, or due for a refresh.
-    pub(super) fn pages_to_write(&self, now: Instant) -> Vec<(u32, SlotPage)> {
-        self.pages()
+    /// Pages to write: changed since last written, or due for a refresh;
+    /// each with a write number above every one given before.
+    pub(super) fn pages_to_write(&mut self, now: Instant) -> Vec<PageWrite> {
+        let due: Vec<(u32, SlotPage)> = self
+            .pages()
             .into_iter()
             .filter(|(n, page)| match self.written.get(n) {
-                Some((done, at)) => done != page || now.duration_since(*at) >= PAGE_REFRESH,
+                Some(w) => w.page != *page || now.duration_since(w.at) >= PAGE_REFRESH,
                 None => true,
+            })
+            .collect();
+        due.into_iter()
+            .map(|(number, page)| {
+                self.writes += 1;
+                PageWrite {
+                    number,
+                    page,
+                    write: self.writes,
+                }
             })
             .collect()
     }
 
-    /// Written pages none of whose slots is in use any more.
-    pub(super) fn pages_to_delete(&self) -> Vec<u32> {
+    /// Written pages none of whose slots is in use any more, with the write
+    /// that left each (a delete removes only that).
+    pub(super) fn pages_to_delete(&self) -> Vec<(u32, u64)> {
         let pages = self.pages();
         self.written
-            .keys()
-            .filter(|n| !pages.contains_key(n))
-            .copied()
+            .iter()
+            .filter(|(n, _)| !pages.contains_key(n))
+            .map(|(n, w)| (*n, w.write))
             .collect()
     }
 
@@ -158,8 +190,13 @@ impl SlotBook {
         self.written.keys().copied().collect()
     }
 
-    pub(super) fn page_written(&mut self, number: u32, page: SlotPage, at: Instant) {
-        self.written.insert(number, (page, at));
+    pub(super) fn page_written(&mut self, done: PageWrite, at: Instant) {
+        let PageWrite {
+            number,
+            page,
+            write,
+        } = done;
+        self.written.insert(number, Written { page, at, write });
     }
 
     pub(super) fn page_deleted(&mut self, number: u32) {
@@ -172,8 +209,8 @@ mod tests {
     use super::*;
 
     fn write_all(book: &mut SlotBook, at: Instant) {
-        for (n, page) in book.pages_to_write(at) {
-            book.page_written(n, page, at);
+        for w in book.pages_to_write(at) {
+            book.page_written(w, at);
         }
     }
 
@@ -186,7 +223,10 @@ mod tests {
         assert_eq!(book.entry(&a, 3, 105), None, "still not written");
         let pages = book.pages_to_write(now);
         assert_eq!(pages.len(), 1);
-        assert_eq!(pages[0].1[&0].base, 100);
+        // Every write has a number above the last.
+        let again = book.pages_to_write(now);
+        assert!(again[0].write > pages[0].write);
+        assert_eq!(pages[0].page[&0].base, 100);
         write_all(&mut book, now);
         assert_eq!(book.entry(&a, 3, 107), Some((0, 7)));
         assert!(book.pages_to_write(now).is_empty());
@@ -233,7 +273,7 @@ mod tests {
         write_all(&mut book, now);
         assert_eq!(book.entry(&a, 1, far + 2), Some((1, 2)));
         // Slot 0 is gone from the pages once the new one is named.
-        let page = &book.pages_to_write(now)[0].1;
+        let page = &book.pages_to_write(now)[0].page;
         assert_eq!(page.keys().copied().collect::<Vec<_>>(), vec![1]);
     }
 
@@ -251,7 +291,13 @@ mod tests {
         assert_eq!(book.written_pages(), vec![0, 1]);
         let last = keys.last().unwrap().clone();
         book.retain(|k| *k != last);
-        assert_eq!(book.pages_to_delete(), vec![1]);
+        assert_eq!(
+            book.pages_to_delete()
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>(),
+            vec![1]
+        );
         book.page_deleted(1);
         assert_eq!(book.written_pages(), vec![0]);
     }
@@ -286,6 +332,12 @@ mod tests {
         book.entry(&keys[1], 1, 6);
         write_all(&mut book, now);
         book.entry(&keys[1], 1, 7);
-        assert_eq!(book.pages_to_delete(), vec![0]);
+        assert_eq!(
+            book.pages_to_delete()
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>(),
+            vec![0]
+        );
     }
 }
