@@ -133,6 +133,16 @@ pub struct LeaseStore {
 /// A conditional write whose condition did not hold: an expected outcome.
 pub(super) struct ConditionFailed;
 
+impl ConditionFailed {
+    /// The error for a write that had no condition to fail.
+    pub(super) fn unexpected(self, operation: &'static str) -> StoreError {
+        StoreError::Rejected {
+            operation,
+            detail: "unexpected conditional-check failure".into(),
+        }
+    }
+}
+
 enum Class {
     Condition,
     Transient(StoreError),
@@ -331,10 +341,7 @@ impl LeaseStore {
     {
         self.call(operation, subject, send)
             .await?
-            .map_err(|_| StoreError::Rejected {
-                operation,
-                detail: "unexpected conditional-check failure".into(),
-            })
+            .map_err(|c| c.unexpected(operation))
     }
 
     fn classify<E>(

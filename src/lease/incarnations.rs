@@ -114,36 +114,32 @@ impl LeaseStore {
         let now = now_ms();
         let mut absent = Update::new();
         absent.require("attribute_not_exists(Pk)");
-        let out = self
-            .call("register", Some(&pk), || {
-                let mut req = self
-                    .client
-                    .put_item()
-                    .table_name(&self.table)
-                    .item(attr::PK, s(&pk))
-                    .item(attr::HOLDER, s(FLEET_HOLDER))
-                    .item(attr::INCARNATION, s(me.as_str()))
-                    .item(attr::WORKER_STATE, s(WorkerState::Live.as_str()))
-                    .item(attr::HEARTBEAT_VERSION, n(0))
-                    .item(attr::HEARTBEAT_AT_MS, n(now))
-                    .item(attr::CREATED_AT_MS, n(now))
-                    .item(attr::HELD, n(0))
-                    .item(attr::ANNOUNCES_CHANGES, AttributeValue::Bool(true))
-                    .item(attr::READS_SLOTS, AttributeValue::Bool(true))
-                    .item(attr::EXPIRES_AT, ttl(LIVE_ITEM_TTL))
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
-                req = absent.guard_put(req);
-                if let Some(pod) = pod {
-                    req = req
-                        .item(attr::POD_UID, s(&pod.uid))
-                        .item(attr::POD_CONTAINER, s(&pod.container))
-                        .item(attr::RESTART_COUNT, n(pod.restart_count));
-                }
-                req.send()
-            })
-            .await?;
-        match out {
-            Ok(o) => self.record_capacity("register", o.consumed_capacity()),
+        let mut item = Item::from([
+            (attr::PK.to_string(), s(&pk)),
+            (attr::HOLDER.to_string(), s(FLEET_HOLDER)),
+            (attr::INCARNATION.to_string(), s(me.as_str())),
+            (
+                attr::WORKER_STATE.to_string(),
+                s(WorkerState::Live.as_str()),
+            ),
+            (attr::HEARTBEAT_VERSION.to_string(), n(0)),
+            (attr::HEARTBEAT_AT_MS.to_string(), n(now)),
+            (attr::CREATED_AT_MS.to_string(), n(now)),
+            (attr::HELD.to_string(), n(0)),
+            (
+                attr::ANNOUNCES_CHANGES.to_string(),
+                AttributeValue::Bool(true),
+            ),
+            (attr::READS_SLOTS.to_string(), AttributeValue::Bool(true)),
+            (attr::EXPIRES_AT.to_string(), ttl(LIVE_ITEM_TTL)),
+        ]);
+        if let Some(pod) = pod {
+            item.insert(attr::POD_UID.to_string(), s(&pod.uid));
+            item.insert(attr::POD_CONTAINER.to_string(), s(&pod.container));
+            item.insert(attr::RESTART_COUNT.to_string(), n(pod.restart_count));
+        }
+        match self.put_item("register", item, &absent).await? {
+            Ok(()) => {}
             // A retry (here or by the caller, with a later clock) of a put
             // that landed: 64 random bits drawn by this process mean nobody
             // else writes this item, so it is ours. If a lease passed and it
@@ -525,24 +521,12 @@ impl LeaseStore {
             self.delete_packed_items(who, r.checkpoint_shards, &r.slot_pages)
                 .await?;
         }
-        let pk = who.pk();
         let mut not_live = Update::new();
         not_live.require("worker_state <> :live");
         not_live.value(":live", s(WorkerState::Live.as_str()));
         let deleted = self
-            .call("forget_worker", Some(&pk), || {
-                let req = self
-                    .client
-                    .delete_item()
-                    .table_name(&self.table)
-                    .key(attr::PK, s(&pk))
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
-                not_live.guard_delete(req).send()
-            })
+            .delete_item("forget_worker", &who.pk(), &not_live)
             .await?;
-        if let Ok(o) = &deleted {
-            self.record_capacity("forget_worker", o.consumed_capacity());
-        }
         // Off the roster only once its item is gone and it holds nothing.
         if deleted.is_ok() {
             self.unenroll(who).await?;

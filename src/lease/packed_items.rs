@@ -11,7 +11,6 @@ use super::keys::Incarnation;
 use super::packed::{packed_shard, resolve, slot_page, slot_page_value};
 use super::record::{Checkpoints, PackedShard, SlotPage};
 use super::update::Update;
-use aws_sdk_dynamodb::types::ReturnConsumedCapacity;
 
 impl LeaseStore {
     /// Writes checkpoint shard `shard` (≥ 1) of this incarnation.
@@ -22,8 +21,14 @@ impl LeaseStore {
         entries: &PackedShard,
     ) -> Result<(), StoreError> {
         let pk = me.checkpoint_pk(shard);
-        self.put_own_item("write_checkpoints", &pk, entries_item(entries))
-            .await
+        self.put_own_item(
+            "write_checkpoints",
+            &pk,
+            entries_item(entries),
+            &Update::new(),
+        )
+        .await?
+        .map_err(|c| c.unexpected("write_checkpoints"))
     }
 
     /// Writes slot page `page` of this incarnation, what its slots stand
@@ -38,34 +43,18 @@ impl LeaseStore {
         slots: &SlotPage,
         write: u64,
     ) -> Result<bool, StoreError> {
-        let pk = me.slot_page_pk(page);
         let item = Item::from([
-            (attr::PK.to_string(), s(&pk)),
             (attr::SLOTS.to_string(), slot_page_value(slots)),
             (attr::PAGE_WRITE.to_string(), n(write)),
-            (attr::EXPIRES_AT.to_string(), ttl(LIVE_ITEM_TTL)),
         ]);
         let mut not_later = Update::new();
         not_later.require("(attribute_not_exists(Pk) OR page_write <= :write)");
         not_later.value(":write", n(write));
+        let pk = me.slot_page_pk(page);
         let out = self
-            .call("write_slot_page", Some(&pk), || {
-                let req = self
-                    .client
-                    .put_item()
-                    .table_name(&self.table)
-                    .set_item(Some(item.clone()))
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
-                not_later.guard_put(req).send()
-            })
+            .put_own_item("write_slot_page", &pk, item, &not_later)
             .await?;
-        Ok(match out {
-            Ok(o) => {
-                self.record_capacity("write_slot_page", o.consumed_capacity());
-                true
-            }
-            Err(ConditionFailed) => false,
-        })
+        Ok(out.is_ok())
     }
 
     /// Removes checkpoint shard `shard` (no longer needed).
@@ -74,8 +63,13 @@ impl LeaseStore {
         me: &Incarnation,
         shard: u32,
     ) -> Result<(), StoreError> {
-        self.delete_own_item("delete_checkpoints", &me.checkpoint_pk(shard))
-            .await
+        self.delete_item(
+            "delete_checkpoints",
+            &me.checkpoint_pk(shard),
+            &Update::new(),
+        )
+        .await?
+        .map_err(|c| c.unexpected("delete_checkpoints"))
     }
 
     /// Removes slot page `page` (none of its slots is in use) if it is
@@ -87,25 +81,13 @@ impl LeaseStore {
         page: u32,
         write: u64,
     ) -> Result<(), StoreError> {
-        let pk = me.slot_page_pk(page);
         let mut unchanged = Update::new();
         unchanged.require("(attribute_not_exists(Pk) OR page_write = :write)");
         unchanged.value(":write", n(write));
-        let out = self
-            .call("delete_slot_page", Some(&pk), || {
-                let req = self
-                    .client
-                    .delete_item()
-                    .table_name(&self.table)
-                    .key(attr::PK, s(&pk))
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
-                unchanged.guard_delete(req).send()
-            })
+        // A failed condition: a later write there is not this delete's to remove.
+        let _ = self
+            .delete_item("delete_slot_page", &me.slot_page_pk(page), &unchanged)
             .await?;
-        // A later write there is not this delete's to remove.
-        if let Ok(o) = out {
-            self.record_capacity("delete_slot_page", o.consumed_capacity());
-        }
         Ok(())
     }
 
@@ -152,49 +134,25 @@ impl LeaseStore {
             self.delete_checkpoint_shard(who, shard).await?;
         }
         for page in slot_pages {
-            self.delete_own_item("delete_slot_page", &who.slot_page_pk(*page))
-                .await?;
+            self.delete_item("delete_slot_page", &who.slot_page_pk(*page), &Update::new())
+                .await?
+                .map_err(|c| c.unexpected("delete_slot_page"))?;
         }
         Ok(())
     }
 
-    /// Puts one of this incarnation's own items (nobody else writes them, so
-    /// no condition), with the TTL of a live worker's.
+    /// Puts one of this incarnation's own items (nobody else writes them),
+    /// with its key and the TTL of a live worker's, under `guard`.
     async fn put_own_item(
         &self,
         operation: &'static str,
         pk: &str,
         mut item: Item,
-    ) -> Result<(), StoreError> {
+        guard: &Update,
+    ) -> Result<Result<(), ConditionFailed>, StoreError> {
         item.insert(attr::PK.to_string(), s(pk));
         item.insert(attr::EXPIRES_AT.to_string(), ttl(LIVE_ITEM_TTL));
-        let out = self
-            .call_plain(operation, Some(pk), || {
-                self.client
-                    .put_item()
-                    .table_name(&self.table)
-                    .set_item(Some(item.clone()))
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
-                    .send()
-            })
-            .await?;
-        self.record_capacity(operation, out.consumed_capacity());
-        Ok(())
-    }
-
-    async fn delete_own_item(&self, operation: &'static str, pk: &str) -> Result<(), StoreError> {
-        let out = self
-            .call_plain(operation, Some(pk), || {
-                self.client
-                    .delete_item()
-                    .table_name(&self.table)
-                    .key(attr::PK, s(pk))
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
-                    .send()
-            })
-            .await?;
-        self.record_capacity(operation, out.consumed_capacity());
-        Ok(())
+        self.put_item(operation, item, guard).await
     }
 }
 

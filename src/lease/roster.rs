@@ -15,7 +15,7 @@
 
 use super::client::{ConditionFailed, LeaseStore};
 use super::clock::now_ms;
-use super::codec::{attr, n, s};
+use super::codec::{Item, attr, n, s};
 use super::error::StoreError;
 use super::keys::{FLEET_HOLDER, Incarnation, ROSTER_PK};
 use super::record::WorkerState;
@@ -87,31 +87,27 @@ impl LeaseStore {
     /// creating its item as DEAD. `true` when this write did it; `false` when
     /// an item exists (it is alive, or already ended: the fleet shows it).
     pub async fn declare_vanished_dead(&self, who: &Incarnation) -> Result<bool, StoreError> {
-        let pk = who.pk();
         let now = now_ms();
         let mut absent = Update::new();
         absent.require("attribute_not_exists(Pk)");
+        let item = Item::from([
+            (attr::PK.to_string(), s(who.pk())),
+            (attr::HOLDER.to_string(), s(FLEET_HOLDER)),
+            (attr::INCARNATION.to_string(), s(who.as_str())),
+            (
+                attr::WORKER_STATE.to_string(),
+                s(WorkerState::Dead.as_str()),
+            ),
+            (attr::HEARTBEAT_VERSION.to_string(), n(0)),
+            (attr::HEARTBEAT_AT_MS.to_string(), n(0)),
+            (attr::CREATED_AT_MS.to_string(), n(now)),
+            (attr::HELD.to_string(), n(0)),
+        ]);
         let out = self
-            .call("declare_vanished_dead", Some(&pk), || {
-                let req = self
-                    .client
-                    .put_item()
-                    .table_name(&self.table)
-                    .item(attr::PK, s(&pk))
-                    .item(attr::HOLDER, s(FLEET_HOLDER))
-                    .item(attr::INCARNATION, s(who.as_str()))
-                    .item(attr::WORKER_STATE, s(WorkerState::Dead.as_str()))
-                    .item(attr::HEARTBEAT_VERSION, n(0))
-                    .item(attr::HEARTBEAT_AT_MS, n(0))
-                    .item(attr::CREATED_AT_MS, n(now))
-                    .item(attr::HELD, n(0))
-                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
-                absent.guard_put(req).send()
-            })
+            .put_item("declare_vanished_dead", item, &absent)
             .await?;
         Ok(match out {
-            Ok(o) => {
-                self.record_capacity("declare_vanished_dead", o.consumed_capacity());
+            Ok(()) => {
                 self.announce_change().await;
                 true
             }

@@ -6,7 +6,7 @@
 //! values it names, and every write reports its consumed capacity the same way.
 
 use super::client::{ConditionFailed, LeaseStore};
-use super::codec::{attr, n, s};
+use super::codec::{Item, attr, n, s};
 use super::error::StoreError;
 use super::keys::STREAM_PK_PREFIX;
 use aws_sdk_dynamodb::operation::delete_item::builders::DeleteItemFluentBuilder;
@@ -216,6 +216,51 @@ impl LeaseStore {
             self.record_capacity(operation, o.consumed_capacity());
         }
         Ok(out)
+    }
+
+    /// Puts `item` (its `Pk` in it) under `guard`'s condition, none if it
+    /// has none; a failed condition is the inner `Err`.
+    pub(super) async fn put_item(
+        &self,
+        operation: &'static str,
+        item: Item,
+        guard: &Update,
+    ) -> Result<Result<(), ConditionFailed>, StoreError> {
+        let pk = item.get(attr::PK).and_then(|v| v.as_s().ok()).cloned();
+        let out = self
+            .call(operation, pk.as_deref(), || {
+                let req = self
+                    .client
+                    .put_item()
+                    .table_name(&self.table)
+                    .set_item(Some(item.clone()))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
+                guard.guard_put(req).send()
+            })
+            .await?;
+        Ok(out.map(|o| self.record_capacity(operation, o.consumed_capacity())))
+    }
+
+    /// Deletes the item `pk` under `guard`'s condition, none if it has none;
+    /// a failed condition is the inner `Err`.
+    pub(super) async fn delete_item(
+        &self,
+        operation: &'static str,
+        pk: &str,
+        guard: &Update,
+    ) -> Result<Result<(), ConditionFailed>, StoreError> {
+        let out = self
+            .call(operation, Some(pk), || {
+                let req = self
+                    .client
+                    .delete_item()
+                    .table_name(&self.table)
+                    .key(attr::PK, s(pk))
+                    .return_consumed_capacity(ReturnConsumedCapacity::Indexes);
+                guard.guard_delete(req).send()
+            })
+            .await?;
+        Ok(out.map(|o| self.record_capacity(operation, o.consumed_capacity())))
     }
 }
 

@@ -141,14 +141,15 @@ impl Packer {
         let stale_shards = (shards.len()..self.written.len())
             .map(|i| i as u32 + 1)
             .collect();
+        let (pages_to_write, pages_to_delete) = self.slots.page_work(now);
         Packed {
             shard0,
             changed_shards,
             stale_shards,
             shard_count: 1 + shards.len() as u32,
             folds,
-            pages_to_write: self.slots.pages_to_write(now),
-            pages_to_delete: self.slots.pages_to_delete(),
+            pages_to_write,
+            pages_to_delete,
             slot_pages: self.slots.written_pages(),
         }
     }

@@ -151,18 +151,27 @@ impl SlotBook {
         pages
     }
 
-    /// Pages to write: changed since last written, or due for a refresh;
-    /// each with a write number above every one given before.
-    pub(super) fn pages_to_write(&mut self, now: Instant) -> Vec<PageWrite> {
-        let due: Vec<(u32, SlotPage)> = self
-            .pages()
+    /// The page writes due (pages changed since last written, or due for a
+    /// refresh; each with a write number above every one given before) and
+    /// the deletes due (written pages none of whose slots is in use any
+    /// more, with the write that left each: a delete removes only that).
+    pub(super) fn page_work(&mut self, now: Instant) -> (Vec<PageWrite>, Vec<(u32, u64)>) {
+        let pages = self.pages();
+        let deletes = self
+            .written
+            .iter()
+            .filter(|(n, _)| !pages.contains_key(n))
+            .map(|(n, w)| (*n, w.write))
+            .collect();
+        let due: Vec<(u32, SlotPage)> = pages
             .into_iter()
             .filter(|(n, page)| match self.written.get(n) {
                 Some(w) => w.page != *page || now.duration_since(w.at) >= PAGE_REFRESH,
                 None => true,
             })
             .collect();
-        due.into_iter()
+        let writes = due
+            .into_iter()
             .map(|(number, page)| {
                 self.writes += 1;
                 PageWrite {
@@ -171,18 +180,8 @@ impl SlotBook {
                     write: self.writes,
                 }
             })
-            .collect()
-    }
-
-    /// Written pages none of whose slots is in use any more, with the write
-    /// that left each (a delete removes only that).
-    pub(super) fn pages_to_delete(&self) -> Vec<(u32, u64)> {
-        let pages = self.pages();
-        self.written
-            .iter()
-            .filter(|(n, _)| !pages.contains_key(n))
-            .map(|(n, w)| (*n, w.write))
-            .collect()
+            .collect();
+        (writes, deletes)
     }
 
     /// The pages written (what entries may name), for the worker item.
@@ -209,7 +208,7 @@ mod tests {
     use super::*;
 
     fn write_all(book: &mut SlotBook, at: Instant) {
-        for w in book.pages_to_write(at) {
+        for w in book.page_work(at).0 {
             book.page_written(w, at);
         }
     }
@@ -221,18 +220,18 @@ mod tests {
         let now = Instant::now();
         assert_eq!(book.entry(&a, 3, 100), None);
         assert_eq!(book.entry(&a, 3, 105), None, "still not written");
-        let pages = book.pages_to_write(now);
+        let pages = book.page_work(now).0;
         assert_eq!(pages.len(), 1);
         // Every write has a number above the last.
-        let again = book.pages_to_write(now);
+        let again = book.page_work(now).0;
         assert!(again[0].write > pages[0].write);
         assert_eq!(pages[0].page[&0].base, 100);
         write_all(&mut book, now);
         assert_eq!(book.entry(&a, 3, 107), Some((0, 7)));
-        assert!(book.pages_to_write(now).is_empty());
+        assert!(book.page_work(now).0.is_empty());
         assert_eq!(book.written_pages(), vec![0]);
         // Refreshed before the TTL can lapse.
-        assert_eq!(book.pages_to_write(now + PAGE_REFRESH).len(), 1);
+        assert_eq!(book.page_work(now + PAGE_REFRESH).0.len(), 1);
     }
 
     #[test]
@@ -253,10 +252,7 @@ mod tests {
         write_all(&mut book, now);
         assert_eq!(book.entry(&b, 2, 51), Some((2, 1)));
         assert_eq!(book.entry(&a, 2, 13), Some((3, 1)));
-        assert!(
-            book.pages_to_delete().is_empty(),
-            "page 0 still holds slots"
-        );
+        assert!(book.page_work(now).1.is_empty(), "page 0 still holds slots");
     }
 
     #[test]
@@ -273,7 +269,7 @@ mod tests {
         write_all(&mut book, now);
         assert_eq!(book.entry(&a, 1, far + 2), Some((1, 2)));
         // Slot 0 is gone from the pages once the new one is named.
-        let page = &book.pages_to_write(now)[0].page;
+        let page = &book.page_work(now).0[0].page;
         assert_eq!(page.keys().copied().collect::<Vec<_>>(), vec![1]);
     }
 
@@ -292,7 +288,8 @@ mod tests {
         let last = keys.last().unwrap().clone();
         book.retain(|k| *k != last);
         assert_eq!(
-            book.pages_to_delete()
+            book.page_work(now)
+                .1
                 .iter()
                 .map(|(n, _)| *n)
                 .collect::<Vec<_>>(),
@@ -333,7 +330,8 @@ mod tests {
         write_all(&mut book, now);
         book.entry(&keys[1], 1, 7);
         assert_eq!(
-            book.pages_to_delete()
+            book.page_work(now)
+                .1
                 .iter()
                 .map(|(n, _)| *n)
                 .collect::<Vec<_>>(),
