@@ -74,6 +74,20 @@ impl StoreMetrics {
             .get()
     }
 
+    /// Read units counted so far for `operation` (benches and tests).
+    pub fn read_units(&self, operation: &'static str) -> f64 {
+        self.consumed_read_units
+            .get_or_create(&[("operation", operation)])
+            .get()
+    }
+
+    /// Requests made so far for `operation` that succeeded (tests).
+    pub fn succeeded(&self, operation: &'static str) -> u64 {
+        self.requests
+            .get_or_create(&[("operation", operation), ("result", "ok")])
+            .get()
+    }
+
     pub fn consumed_read_units(&self, operation: &'static str, units: f64) {
         self.consumed_read_units
             .get_or_create(&[("operation", operation)])
@@ -261,7 +275,7 @@ impl WorkerMetrics {
         );
         r.register(
             "tether_streams_unowned",
-            "STARTED streams without a live owner, as this worker's last orphan scan saw them (fleet-wide: every worker reports the same figure, so aggregate with max, not sum)",
+            "STARTED streams without a live owner, as this worker's last orphan scan saw them; during a mass change a lower bound, as a scan reads a bounded share of each partition (fleet-wide: every worker reports about the same figure, so aggregate with max, not sum)",
             self.streams_unowned.clone(),
         );
         r.register(

@@ -724,6 +724,85 @@ async fn unowned_partitions_hold_exactly_the_free_started_streams_across_pages()
     );
 }
 
+/// A bounded read of a holder partition (what a pass reads of an orphan
+/// partition): at most the limit, from any start (a key that need not
+/// exist), around the end to the start, every item at most once, and
+/// `complete` exactly when it saw them all.
+#[tokio::test]
+async fn a_bounded_read_starts_anywhere_wraps_around_and_says_when_it_saw_everything() {
+    // Page size 4 forces several pages per read.
+    let store = fresh_store(Some(4)).await;
+    let mut keys = Vec::new();
+    for i in 0..120 {
+        keys.push(create(&store, &format!("b{i:03}")).await.key);
+    }
+    let shard = keys[0].shard();
+    let holder = tether::lease::unowned_holder(shard);
+    let all: BTreeSet<String> = keys
+        .iter()
+        .filter(|k| k.shard() == shard)
+        .map(StreamKey::pk)
+        .collect();
+    let n = all.len();
+    assert!(n > 8, "only {n} streams in shard {shard}");
+    let pks = |s: &tether::lease::Sample| -> Vec<String> {
+        s.found.records.iter().map(|r| r.key.pk()).collect()
+    };
+
+    let part = store.sample_holder("test", &holder, 5, None).await.unwrap();
+    assert_eq!((pks(&part).len(), part.complete), (5, false));
+    assert_eq!(
+        part.first.as_deref(),
+        pks(&part).first().map(String::as_str)
+    );
+    let whole = store
+        .sample_holder("test", &holder, n + 3, None)
+        .await
+        .unwrap();
+    assert!(whole.complete);
+    assert_eq!(pks(&whole).into_iter().collect::<BTreeSet<_>>(), all);
+    let last = store.last_in_holder(&holder).await.unwrap().unwrap();
+    assert_eq!(
+        Some(&last),
+        pks(&whole).last(),
+        "the last item in the store's order"
+    );
+
+    // From the middle (an existing key and one that does not exist), past
+    // the end, and from the last item: each item once, all of them.
+    let middle = pks(&whole)[n / 2].clone();
+    let missing = format!("{middle}~");
+    for after in [middle.as_str(), missing.as_str(), "STREAM#~", last.as_str()] {
+        let s = store
+            .sample_holder("test", &holder, n + 3, Some(after))
+            .await
+            .unwrap();
+        let got = pks(&s);
+        let unique: BTreeSet<String> = got.iter().cloned().collect();
+        assert_eq!(unique.len(), got.len(), "an item read twice from {after}");
+        assert_eq!(unique, all, "from {after}");
+        assert!(s.complete, "from {after}");
+        let s = store
+            .sample_holder("test", &holder, 5, Some(after))
+            .await
+            .unwrap();
+        assert_eq!((pks(&s).len(), s.complete), (5, false), "from {after}");
+    }
+    // From the middle the first items are the ones after it.
+    let s = store
+        .sample_holder("test", &holder, 3, Some(&middle))
+        .await
+        .unwrap();
+    assert_eq!(pks(&s), pks(&whole)[n / 2 + 1..n / 2 + 4].to_vec());
+
+    let empty = store
+        .sample_holder("test", "UNOWNED#nobody", 5, Some("STREAM#x"))
+        .await
+        .unwrap();
+    assert!(empty.complete && empty.found.records.is_empty());
+    assert_eq!(store.last_in_holder("UNOWNED#nobody").await.unwrap(), None);
+}
+
 #[tokio::test]
 async fn a_malformed_item_is_reported_apart_and_the_others_are_still_found() {
     let store = fresh_store(None).await;

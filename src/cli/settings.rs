@@ -62,6 +62,7 @@ pub(super) fn worker_settings(args: &WorkerArgs) -> Result<WorkerSettings, Worke
         connect_rate: *connect_rate,
         connect_burst: *connect_burst,
         kinesis_streams: crate::egress::KinesisStreams::new(kinesis_streams.clone()),
+        read_orphans_whole: false,
     })
 }
 

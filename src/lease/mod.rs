@@ -52,7 +52,7 @@ pub use keys::{
     UNOWNED_HOLDER_PREFIX, WORKER_PK_PREFIX, unowned_holder, valid_worker_id, worker_id_of,
 };
 pub use packed::{SLOTS_PER_PAGE, named_size, page_of, slotted_size};
-pub use reads::{Change, Found};
+pub use reads::{Change, Found, Sample};
 pub use record::{
     AcquireFrom, AcquireOutcome, Checkpoint, Checkpoints, DesiredState, DesiredStream, FleetEntry,
     InboxEntry, Lease, OWNED_EXPIRY_MS, OwnerRequests, OwnerWrite, Ownership, PackedShard,

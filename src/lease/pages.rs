@@ -49,12 +49,32 @@ impl LeaseStore {
         &self,
         q: PartitionQuery<'_>,
     ) -> Result<Vec<Item>, StoreError> {
+        Ok(self.query_partition_from(q, None, None).await?.0)
+    }
+
+    /// The items of one index partition from just after `start` (the whole
+    /// key, which need not exist), at most `limit` of them: the items, and
+    /// whether the read reached the partition's end.
+    pub(super) async fn query_partition_from(
+        &self,
+        q: PartitionQuery<'_>,
+        start: Option<Item>,
+        limit: Option<usize>,
+    ) -> Result<(Vec<Item>, bool), StoreError> {
         let condition = match (q.sort_below, q.sort_above) {
             (Some(_), _) => "#p = :p AND #s < :below",
             (None, Some(_)) => "#p = :p AND #s > :above",
             (None, None) => "#p = :p",
         };
-        self.collect_pages(|start| async move {
+        let mut items = Vec::new();
+        let mut start = start;
+        loop {
+            let wanted = limit.map(|l| l.saturating_sub(items.len()));
+            let page_limit = match (wanted, self.page_size) {
+                (Some(w), Some(p)) => Some(p.min(i32::try_from(w).unwrap_or(i32::MAX))),
+                (Some(w), None) => Some(i32::try_from(w).unwrap_or(i32::MAX)),
+                (None, p) => p,
+            };
             let mut request = self
                 .client
                 .query()
@@ -63,8 +83,8 @@ impl LeaseStore {
                 .key_condition_expression(condition)
                 .expression_attribute_names("#p", q.partition_attr)
                 .expression_attribute_values(":p", s(q.partition))
-                .set_exclusive_start_key(start)
-                .set_limit(self.page_size)
+                .set_exclusive_start_key(start.take())
+                .set_limit(page_limit)
                 .return_consumed_capacity(ReturnConsumedCapacity::Total);
             if let Some((sort, below)) = q.sort_below {
                 request = request
@@ -79,12 +99,17 @@ impl LeaseStore {
                 .call_plain(q.operation, None, || request.clone().send())
                 .await?;
             self.record_reads(q.operation, out.consumed_capacity());
-            Ok(Page {
-                items: out.items().to_vec(),
-                next: out.last_evaluated_key().cloned(),
-            })
-        })
-        .await
+            items.extend(out.items().iter().cloned());
+            match out.last_evaluated_key() {
+                Some(k) if !k.is_empty() => {
+                    if limit.is_some_and(|l| items.len() >= l) {
+                        return Ok((items, false));
+                    }
+                    start = Some(k.clone());
+                }
+                _ => return Ok((items, true)),
+            }
+        }
     }
 
     /// Every base-table item whose `Pk` starts with `prefix`: a scan, for the

@@ -15,6 +15,16 @@ use super::pages::PartitionQuery;
 use super::record::{DesiredState, StreamRecord};
 use aws_sdk_dynamodb::types::ReturnConsumedCapacity;
 
+/// A bounded read of one holder partition ([`LeaseStore::sample_holder`]).
+#[derive(Debug, Default)]
+pub struct Sample {
+    pub found: Found,
+    /// Every item of the partition was read (fewer than the limit were there).
+    pub complete: bool,
+    /// The first item from the partition's start, when the read went there.
+    pub first: Option<String>,
+}
+
 /// Items read, and the ones that could not be.
 #[derive(Debug, Default)]
 pub struct Found {
@@ -96,6 +106,98 @@ impl LeaseStore {
             .await?,
         );
         Ok(found)
+    }
+
+    /// At most `limit` items of the `holder` partition, read from just after
+    /// the stream key `after` (a `Pk`, which need not exist) to the
+    /// partition's end and on from its start: workers that read one partition
+    /// from different places contend less for the same orphans, and a pass
+    /// reads what it may take, not the whole partition (100,000 orphans on
+    /// 20 workers read whole took minutes). The order within a partition is
+    /// the store's (DynamoDB's is not by name); any start reaches every item.
+    pub async fn sample_holder(
+        &self,
+        operation: &'static str,
+        holder: &str,
+        limit: usize,
+        after: Option<&str>,
+    ) -> Result<Sample, StoreError> {
+        let query = || PartitionQuery {
+            operation,
+            index: HOLDER_INDEX,
+            partition_attr: attr::HOLDER,
+            partition: holder,
+            sort_below: None,
+            sort_above: None,
+        };
+        let start = after.map(|pk| {
+            std::collections::HashMap::from([
+                (attr::HOLDER.to_string(), s(holder)),
+                (attr::PK.to_string(), s(pk)),
+            ])
+        });
+        let (mut items, reached_end) = self
+            .query_partition_from(query(), start, Some(limit))
+            .await?;
+        let mut sample = Sample::default();
+        let mut complete = reached_end && after.is_none();
+        if after.is_some() && reached_end && items.len() < limit {
+            // Wrapped around: on from the start, until the limit or the first
+            // item the first leg read (everything before it was read then).
+            let pk_of =
+                |item: &super::codec::Item| item.get(attr::PK).and_then(|v| v.as_s().ok()).cloned();
+            let read: std::collections::HashSet<String> = items.iter().filter_map(pk_of).collect();
+            let (front, front_end) = self
+                .query_partition_from(query(), None, Some(limit - items.len()))
+                .await?;
+            sample.first = front.first().and_then(pk_of);
+            let mut met = false;
+            for item in front {
+                if pk_of(&item).is_some_and(|pk| read.contains(&pk)) {
+                    met = true;
+                } else {
+                    items.push(item);
+                }
+            }
+            complete = front_end || met;
+        } else if after.is_none() {
+            sample.first = items
+                .first()
+                .and_then(|i| i.get(attr::PK))
+                .and_then(|v| v.as_s().ok())
+                .cloned();
+        }
+        sample.found.extend(items);
+        sample.complete = complete;
+        Ok(sample)
+    }
+
+    /// The `Pk` of the last item of the `holder` partition in the store's
+    /// order (one item read backwards): with the first, the range a bounded
+    /// read picks its start from.
+    pub async fn last_in_holder(&self, holder: &str) -> Result<Option<String>, StoreError> {
+        let out = self
+            .call_plain("query_holder_end", None, || {
+                self.client
+                    .query()
+                    .table_name(&self.table)
+                    .index_name(HOLDER_INDEX)
+                    .key_condition_expression("#p = :p")
+                    .expression_attribute_names("#p", attr::HOLDER)
+                    .expression_attribute_values(":p", s(holder))
+                    .scan_index_forward(false)
+                    .limit(1)
+                    .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                    .send()
+            })
+            .await?;
+        self.record_reads("query_holder_end", out.consumed_capacity());
+        Ok(out
+            .items()
+            .first()
+            .and_then(|i| i.get(attr::PK))
+            .and_then(|v| v.as_s().ok())
+            .cloned())
     }
 
     /// Every stream an incarnation holds, across its shards (index items).

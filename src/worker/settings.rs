@@ -68,6 +68,10 @@ pub struct WorkerSettings {
     pub connect_burst: u32,
     /// Which Kinesis data streams each namespace may write to.
     pub kinesis_streams: crate::egress::KinesisStreams,
+    /// Read orphan partitions whole every pass, as 0.4 did, instead of a
+    /// bounded read: only so the scale benchmark can run the earlier design
+    /// beside this one in the same run. Never set by the command line.
+    pub read_orphans_whole: bool,
 }
 
 /// `$POD_NAME` in Kubernetes; elsewhere the host name. Each process adds its

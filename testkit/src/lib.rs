@@ -16,7 +16,8 @@
 //! - `k8s`: the Kubernetes API emulator and `tether operator` against it;
 //! - `kstatus`: the status rules GitOps tools and `kubectl wait` apply;
 //! - `chaos`: the seeded chaos runner;
-//! - `capacity`: a capacity model of DynamoDB partitions (a metering proxy).
+//! - `capacity`: a capacity model of DynamoDB partitions (a metering proxy);
+//! - `sim`: in-process workers with no-op sessions.
 
 pub mod bed;
 pub mod blaster;
@@ -31,6 +32,7 @@ pub mod otlp;
 pub mod processes;
 pub mod proxy;
 pub mod relay;
+pub mod sim;
 pub mod sink;
 pub mod sink_servers;
 pub mod store;

@@ -4,7 +4,8 @@
 use super::overdue::successors;
 use super::pass::{Acquirer, Candidate, Ended};
 use crate::lease::{
-    AcquireFrom, DesiredState, FleetEntry, Incarnation, Ownership, StoreError, WorkerState,
+    AcquireFrom, DesiredState, FleetEntry, HOLDER_SHARDS, Incarnation, Ownership, StoreError,
+    WorkerState,
 };
 use tokio::time::Instant;
 
@@ -83,14 +84,20 @@ impl Acquirer {
         Ok(())
     }
 
-    /// A departed incarnation's streams: STARTED ones become candidates (with
-    /// its packed checkpoint), STOPPED ones are freed. `false` when it holds none.
+    /// A departed incarnation's streams, a bounded read of each of its
+    /// partitions (`sampling`): STARTED ones become candidates (with its
+    /// packed checkpoint), STOPPED ones are freed. `false` when it holds none.
     async fn ended_streams(
         &mut self,
         dead: &Incarnation,
         candidates: &mut Vec<Candidate>,
     ) -> Result<bool, StoreError> {
-        let found = self.ctx.store.held_by(dead).await?;
+        let mut found = crate::lease::Found::default();
+        for shard in 0..HOLDER_SHARDS {
+            let (part, _) = self.sample("query_held", &dead.holder(shard)).await?;
+            found.records.extend(part.records);
+            found.malformed.extend(part.malformed);
+        }
         if found.records.is_empty() && found.malformed.is_empty() {
             return Ok(false);
         }

@@ -1,7 +1,8 @@
 //! Taking streams: the acquisition pass (`pass`), fair share (`fair_share`),
 //! reading peers and the fleet view (`peers`), declaring the overdue dead on
 //! this worker's monotonic clock (`overdue`), what departed incarnations left
-//! (`departed`), the pace of acquires (`pacing`), and when a pass may skip
+//! (`departed`), the pace of acquires (`pacing`), how much of an orphan
+//! partition a pass reads (`sampling`), and when a pass may skip
 //! the fleet's reads (`quiet`, with what it remembers in `quiet_state`).
 
 mod departed;
@@ -12,5 +13,6 @@ mod pass;
 mod peers;
 mod quiet;
 mod quiet_state;
+mod sampling;
 
 pub(super) use pass::{Acquired, Acquirer};

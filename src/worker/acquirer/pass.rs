@@ -4,9 +4,9 @@
 //! partitions, version-1 leftovers during an upgrade), acquire up to the fair
 //! share, hand excess over, and audit this incarnation's own partitions.
 //!
-//! A full pass reads O(workers + orphans), never O(streams): one fleet query,
-//! a few peers' items, and the unowned partitions only when something was
-//! released (a peer's `released_at_ms` moved), orphans were seen recently, or
+//! A full pass reads O(workers + what it may take), never O(streams): one
+//! fleet query, a few peers' items, and a bounded read of each unowned
+//! partition (`sampling`) only when something was released (a peer's `released_at_ms` moved), orphans were seen recently, or
 //! [`UNOWNED_SCAN_PERIOD`] passed. At steady state most passes are quiet
 //! (`quiet`): they read the change counter and the watched peers, every
 //! other pass.
@@ -15,7 +15,7 @@ use super::fair_share::{AcquirePolicy, FleetView, Orphan, classify_free, handoff
 use super::overdue::Observer;
 use crate::lease::{
     AcquireFrom, AcquireOutcome, Checkpoints, DesiredState, FleetEntry, HOLDER_SHARDS, Incarnation,
-    Lease, Ownership, StoreError, StreamKey, StreamRecord, WorkerState, now_ms,
+    Lease, Ownership, StoreError, StreamKey, StreamRecord, WorkerState, now_ms, unowned_holder,
 };
 use crate::worker::fence::Fence;
 use crate::worker::settings::{
@@ -112,6 +112,8 @@ pub(crate) struct Acquirer {
     /// Streams chosen to hand over, released once peers had time to see the
     /// announcement ([`super::quiet_state::ANNOUNCE_AHEAD`]).
     pub(super) deferred_handoff: Option<(Instant, Vec<HeldStream>)>,
+    /// Where bounded reads of orphan partitions start.
+    pub(super) spread: super::sampling::Spread,
 }
 
 impl Acquirer {
@@ -151,6 +153,7 @@ impl Acquirer {
             moved_in: HashSet::new(),
             quiet: super::quiet_state::QuietState::default(),
             deferred_handoff: None,
+            spread: super::sampling::Spread::default(),
         }
     }
 
@@ -182,7 +185,7 @@ impl Acquirer {
         if scan_unowned {
             self.last_unowned_scan = Some(now);
             for shard in 0..HOLDER_SHARDS {
-                let found = self.ctx.store.unowned(shard).await?;
+                let (found, _) = self.sample("query_unowned", &unowned_holder(shard)).await?;
                 self.take_found(found, &mut candidates, |r| {
                     (r.desired_state == DesiredState::Started && r.ownership() == Ownership::Free)
                         .then_some(AcquireFrom::Free)
@@ -447,7 +450,13 @@ impl Acquirer {
                 .buffer_unordered(ACQUIRE_CONCURRENCY)
                 .collect()
                 .await;
+        let (mut won, mut lost) = (0, 0);
         for (c, result) in results {
+            match &result {
+                Ok(AcquireOutcome::Acquired { .. }) => won += 1,
+                Ok(AcquireOutcome::Taken { .. }) => lost += 1,
+                _ => {}
+            }
             let label = match result {
                 Ok(AcquireOutcome::Acquired { lease, record }) => {
                     self.record_takeover(&c);
@@ -479,6 +488,7 @@ impl Acquirer {
                 .get_or_create(&[("result", label)])
                 .inc();
         }
+        self.spread.raced(won, lost);
     }
 
     fn record_takeover(&self, c: &Candidate) {

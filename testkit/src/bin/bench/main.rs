@@ -4,7 +4,7 @@
 //! loopback (the 100,000-stream run is a lease-only simulation in one process,
 //! through a capacity model of DynamoDB partitions).
 //!
-//!   scripts/bench [all|failover|rolling|join|chaos|cost|scale|restart|controller|sessions|storm|throughput|sinks] [--quick] [--seed N]
+//!   scripts/bench [all|failover|rolling|join|chaos|cost|scale|restart|controller|sessions|storm|throughput|sinks] [--quick] [--seed N] [--scale-streams N]
 //!
 //! Prints a table and writes JSON + Markdown under bench/results/.
 
@@ -163,6 +163,11 @@ async fn main() -> anyhow::Result<()> {
         .and_then(|i| args.get(i + 1))
         .and_then(|s| s.parse().ok())
         .unwrap_or(42);
+    let scale_streams: Option<usize> = args
+        .iter()
+        .position(|a| a == "--scale-streams")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok());
     let which = args
         .iter()
         .find(|a| !a.starts_with("--") && a.parse::<u64>().is_err())
@@ -182,12 +187,16 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     raise_fd_limit();
+    let mut profile = if quick {
+        Profile::quick()
+    } else {
+        Profile::default_profile()
+    };
+    if let Some(n) = scale_streams {
+        profile.scale_streams = n;
+    }
     let ctx = Ctx {
-        profile: if quick {
-            Profile::quick()
-        } else {
-            Profile::default_profile()
-        },
+        profile,
         exe,
         legacy,
         baseline: std::env::var_os("TETHER_BENCH_BASELINE_BIN").map(PathBuf::from),

@@ -204,17 +204,93 @@ fn markdown(r: &Value) -> String {
     }
     if let Some(s) = res.get("scale") {
         let t = &s["tether"];
+        let designs: Vec<&Value> = [&s["tether"], &s["tether_whole_reads"]]
+            .into_iter()
+            .filter(|d| d.is_object())
+            .collect();
         md.push_str(&format!(
-            "## Scale by simulation ({})\n\n{} streams on {} workers: all acquired in {:.1} s (hottest key {} at {:.0} WCU/s, {} throttled); \
-             steady state hottest key {} at {:.1} WCU/s; crash of {} workers ({} streams): all owned again after {:.1} s \
-             (hottest key {} at {:.0} WCU/s, {} throttled); double owners from the store's history: {}.\n\n",
-            t["simulation"].as_str().unwrap_or(""), t["streams"], t["workers"], t["acquire_all_s"].as_f64().unwrap_or(0.0),
-            key(&t["acquisition"]["hottest_write_key"]), t["acquisition"]["hottest_write_units_per_s"].as_f64().unwrap_or(0.0), t["acquisition"]["throttled_requests"],
-            key(&t["steady"]["hottest_write_key"]), t["steady"]["hottest_write_units_per_s"].as_f64().unwrap_or(0.0),
-            t["crashed_workers"], t["crashed_streams"], t["failover_all_owned_again_s"].as_f64().unwrap_or(0.0),
-            key(&t["failover"]["hottest_write_key"]), t["failover"]["hottest_write_units_per_s"].as_f64().unwrap_or(0.0), t["failover"]["throttled_requests"],
-            t["double_owners"],
+            "## Scale by simulation ({})\n\n{} streams on {} workers, each design on a fresh table in the same run:\n\n| | {} |\n|---|{}\n",
+            t["simulation"].as_str().unwrap_or(""),
+            t["streams"],
+            t["workers"],
+            designs.iter().map(|d| d["design"].as_str().unwrap_or("tether")).collect::<Vec<_>>().join(" | "),
+            "---|".repeat(designs.len()),
         ));
+        let secs = |v: &Value| format!("{:.1} s", v.as_f64().unwrap_or(0.0));
+        let rows: [(&str, &dyn Fn(&Value) -> String); 11] = [
+            ("streams created at once, in", &|d| secs(&d["created_in_s"])),
+            ("all owned, from the first created (cold start)", &|d| {
+                secs(&d["acquire_all_s"])
+            }),
+            ("read units during the cold start", &|d| {
+                format!(
+                    "{:.0}",
+                    d["acquisition"]["read_units"].as_f64().unwrap_or(0.0)
+                )
+            }),
+            ("acquires won / lost to another worker then", &|d| {
+                format!("{} / {}", d["acquires_won"], d["acquires_lost_races"])
+            }),
+            ("hottest key then", &|d| {
+                format!(
+                    "{} at {:.0} WCU/s, {} throttled",
+                    key(&d["acquisition"]["hottest_write_key"]),
+                    d["acquisition"]["hottest_write_units_per_s"]
+                        .as_f64()
+                        .unwrap_or(0.0),
+                    d["acquisition"]["throttled_requests"]
+                )
+            }),
+            (
+                "every worker within ±1 of its fair share, after the cold start",
+                &|d| {
+                    format!(
+                        "{} (largest distance {})",
+                        secs(&d["fair_share_within_1_after_s"]),
+                        d["largest_distance_from_fair_share"]
+                    )
+                },
+            ),
+            ("steady state hottest key", &|d| {
+                format!(
+                    "{} at {:.1} WCU/s",
+                    key(&d["steady"]["hottest_write_key"]),
+                    d["steady"]["hottest_write_units_per_s"]
+                        .as_f64()
+                        .unwrap_or(0.0)
+                )
+            }),
+            ("crash of 10% of the workers: streams", &|d| {
+                d["crashed_streams"].to_string()
+            }),
+            ("all owned again after", &|d| {
+                secs(&d["failover_all_owned_again_s"])
+            }),
+            ("hottest key then", &|d| {
+                format!(
+                    "{} at {:.0} WCU/s, {} throttled",
+                    key(&d["failover"]["hottest_write_key"]),
+                    d["failover"]["hottest_write_units_per_s"]
+                        .as_f64()
+                        .unwrap_or(0.0),
+                    d["failover"]["throttled_requests"]
+                )
+            }),
+            ("double owners in the store's history", &|d| {
+                d["double_owners"].to_string()
+            }),
+        ];
+        for (label, cell) in rows {
+            md.push_str(&format!(
+                "| {label} | {} |\n",
+                designs
+                    .iter()
+                    .map(|d| cell(d))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            ));
+        }
+        md.push('\n');
         md.push_str(&format!(
             "tether 0.1 through the same model, heartbeat compressed {}× (each row stands for {}× the streams at its default heartbeat):\n\n| streams | equivalent at 5 s heartbeat | hottest key | WCU/s | throttled requests |\n|---|---|---|---|---|\n",
             s["tether_0_1"]["heartbeat_compression"], s["tether_0_1"]["heartbeat_compression"]

@@ -1,11 +1,18 @@
 //! Scale by simulation, said plainly: a lease-only run of tether with
 //! sessions replaced by a no-op (so one 2-core machine can hold the leases),
 //! 100,000 streams on 20 in-process workers, on the embedded store, through
-//! the capacity model with DynamoDB's per-partition limits enforced. Time to
-//! acquire everything, a crash of 2 workers (10% of the streams) and the time
-//! until their streams are owned again, the hottest partition key's peak
-//! write units per second in steady state and during the failover, and double
-//! owners counted from the store's history (not the workers' word).
+//! the capacity model with DynamoDB's per-partition limits enforced. The
+//! fleet starts on an empty table and the streams are then created as fast
+//! as the store takes them. Measured: the time from the first creation until
+//! all are owned, until every worker holds its fair share (±1), a crash of 2
+//! workers (10% of the streams) and the time until their streams are owned
+//! again, the hottest partition key's peak write units per second in steady
+//! state and during the failover, and double owners counted from the store's
+//! history (not the workers' word).
+//!
+//! The earlier design's reads (every orphan partition read whole, every
+//! pass) run the same way after it, on a fresh table, for the comparison in
+//! the same run.
 //!
 //! Then the same meter on tether 0.1 (real processes, idle sessions), with its
 //! heartbeat compressed 5× so a few hundred streams show where thousands
@@ -17,69 +24,71 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
-use tether::egress::HostPolicy;
 use tether::lease::{LeaseStore, StoreConfig, StreamKey};
-use tether::metrics::{StoreMetrics, WorkerMetrics};
-use tether::probes::Health;
-use tether::secrets::SecretSource;
-use tether::worker::StreamProgress;
-use tether::worker::{SessionConfig, SessionControl, SessionDeps, SessionEnd, Sessions};
-use tether::worker::{WorkerCtx, WorkerSettings};
+use tether::metrics::StoreMetrics;
 use tether_testkit::bed::{BedOptions, loopback};
 use tether_testkit::capacity::{CapacityModel, double_owners};
 use tether_testkit::fixtures::log_spec;
+use tether_testkit::sim::{self, SimWorker};
 use tether_testkit::store::{endpoint, fresh_store};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// Upserts in flight while loading the table.
 const LOAD_CONCURRENCY: usize = 64;
 
-/// A session that holds nothing: it ends when stopped, aborted or fenced.
-struct NoopSessions;
-
-impl Sessions for NoopSessions {
-    fn start(
-        &self,
-        _cfg: SessionConfig,
-        _progress: Arc<StreamProgress>,
-        deps: Arc<SessionDeps>,
-        ctl: SessionControl,
-    ) -> JoinHandle<SessionEnd> {
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = ctl.stop.cancelled() => SessionEnd::Stopped,
-                _ = ctl.abort.cancelled() => SessionEnd::Aborted,
-                _ = deps.fence.closed() => SessionEnd::Fenced,
-            }
-        })
-    }
-}
-
-struct SimWorker {
-    metrics: Arc<WorkerMetrics>,
-    task: JoinHandle<()>,
-}
-
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
-    let tether = tether_run(ctx).await?;
+    let tether = tether_run(ctx, false).await?;
+    let whole = tether_run(ctx, true).await?;
     let legacy = legacy_ramp(ctx).await?;
-    Ok(json!({"tether": tether, "tether_0_1": legacy}))
+    Ok(json!({"tether": tether, "tether_whole_reads": whole, "tether_0_1": legacy}))
+}
+
+/// The largest distance of any worker's load from the mean.
+fn spread(workers: &[SimWorker], n: usize) -> f64 {
+    let mean = n as f64 / workers.len() as f64;
+    workers
+        .iter()
+        .map(|w| (w.metrics.active_connections.get() as f64 - mean).abs())
+        .fold(0.0, f64::max)
 }
 
 fn held(workers: &[SimWorker]) -> i64 {
-    workers
-        .iter()
-        .map(|w| w.metrics.active_connections.get())
-        .sum()
+    workers.iter().map(SimWorker::held).sum()
 }
 
-async fn tether_run(ctx: &Ctx) -> anyhow::Result<Value> {
+/// One design through the simulation; `whole` reads every orphan partition
+/// whole, every pass (0.4's reads).
+async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     let p = &ctx.profile;
+    let design = if whole {
+        "whole reads (0.4)"
+    } else {
+        "bounded reads"
+    };
+    println!("scale: {design}");
     let n = p.scale_streams;
     let direct = fresh_store(None).await;
     let table = direct.table().to_string();
-    let loading = Instant::now();
+    let model = CapacityModel::start(loopback(), &endpoint().0, true).await?;
+    let mut workers = Vec::new();
+    for i in 0..p.scale_workers {
+        let store = LeaseStore::connect(
+            StoreConfig::local(&table, model.endpoint()),
+            Arc::new(StoreMetrics::new()),
+        )
+        .await?;
+        let mut settings =
+            sim::settings(&format!("sim-{i:02}"), p.lease, p.heartbeat, p.reconcile, n);
+        settings.read_orphans_whole = whole;
+        workers.push(SimWorker::start(settings, store)?);
+    }
+    // The fleet is up first, as a fleet is when 100,000 resources are
+    // applied at once (and dynoxide's DescribeTable, which every worker
+    // sends at start, counts every item: on a full table twenty of them at
+    // once kept the fleet from starting at all).
+    all_live(&workers).await?;
+    model.reset_usage();
+    let t0 = Instant::now();
     let spec = log_spec("ws://127.0.0.1:9/never-dialled");
     futures::stream::iter((0..n).map(|i| {
         let desired = spec.to_desired(StreamKey::new("scale", format!("s{i:06}")), 1, None);
@@ -91,62 +100,23 @@ async fn tether_run(ctx: &Ctx) -> anyhow::Result<Value> {
     .await
     .into_iter()
     .collect::<Result<Vec<_>, _>>()?;
-    println!(
-        "scale: {n} streams written in {:.0}s",
-        loading.elapsed().as_secs_f64()
-    );
-    let model = CapacityModel::start(loopback(), &endpoint().0, true).await?;
-    let mut workers = Vec::new();
-    for i in 0..p.scale_workers {
-        let store = LeaseStore::connect(
-            StoreConfig::local(&table, model.endpoint()),
-            Arc::new(StoreMetrics::new()),
-        )
-        .await?;
-        let settings = WorkerSettings {
-            worker_id: format!("sim-{i:02}"),
-            lease_duration: p.lease,
-            heartbeat_interval: p.heartbeat,
-            reconcile_interval: p.reconcile,
-            fence_window: p.lease - Duration::from_secs(1),
-            max_clock_skew: Duration::from_secs(2),
-            max_connections: n,
-            drain_timeout: Duration::from_secs(10),
-            rebalance: true,
-            ca_file: None,
-            // Sessions are no-ops here: nothing to pace.
-            connect_rate: 0.0,
-            connect_burst: 1,
-            kinesis_streams: tether::egress::KinesisStreams::new(["*"]),
-        };
-        let metrics = Arc::new(WorkerMetrics::default());
-        let health = Arc::new(Health::new(
-            store.reachability(),
-            store.clock(),
-            settings.max_clock_skew,
-        ));
-        let worker_ctx = WorkerCtx::new(
-            settings,
-            store,
-            metrics.clone(),
-            HostPolicy::new(["*"]),
-            HostPolicy::new(["*"]),
-            SecretSource::Standalone,
-            None,
-        )?
-        .with_sessions(Arc::new(NoopSessions));
-        let task = tokio::spawn(async move {
-            if let Err(e) =
-                tether::worker::run(Arc::new(worker_ctx), health, std::future::pending()).await
-            {
-                eprintln!("simulated worker stopped: {e}");
-            }
-        });
-        workers.push(SimWorker { metrics, task });
-    }
-    let t0 = Instant::now();
+    let created_in = t0.elapsed().as_secs_f64();
+    println!("scale: {n} streams created in {created_in:.0}s");
     all_held(&workers, n, "acquired").await?;
     let acquire_all = t0.elapsed().as_secs_f64();
+    let acquires = |result: &'static str| -> u64 {
+        workers
+            .iter()
+            .map(|w| {
+                w.metrics
+                    .acquires
+                    .get_or_create(&[("result", result)])
+                    .get()
+            })
+            .sum()
+    };
+    let (races_won, races_lost) = (acquires("acquired"), acquires("taken"));
+    println!("scale: acquires won {races_won}, lost to another worker {races_lost}");
     let during_acquisition = model.report();
     println!(
         "scale: {} workers acquired {n} streams in {acquire_all:.1}s; hottest key {:?} at {:.0} WCU/s, {} throttled",
@@ -165,6 +135,31 @@ async fn tether_run(ctx: &Ctx) -> anyhow::Result<Value> {
             )
         })
     };
+    // Fair share: every worker within one stream of the mean (the mean is
+    // whole here), or the largest distance after two minutes (the goal is
+    // one).
+    let converging = Instant::now();
+    let mut reported = Instant::now();
+    while spread(&workers, n) > 1.0 && converging.elapsed() < Duration::from_secs(120) {
+        if reported.elapsed() >= Duration::from_secs(15) {
+            reported = Instant::now();
+            let mut loads: Vec<i64> = workers
+                .iter()
+                .map(|w| w.metrics.active_connections.get())
+                .collect();
+            loads.sort_unstable();
+            println!(
+                "scale: loads {:.0}s after the acquisition: {loads:?}",
+                converging.elapsed().as_secs_f64()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let converged_after = converging.elapsed().as_secs_f64();
+    let spread_then = spread(&workers, n);
+    println!(
+        "scale: every worker within {spread_then:.0} of its fair share {converged_after:.1}s after the acquisition"
+    );
     let balancing = Instant::now();
     loop {
         let before = moves(&workers).0;
@@ -234,12 +229,18 @@ async fn tether_run(ctx: &Ctx) -> anyhow::Result<Value> {
     }
     Ok(json!({
         "simulation": "lease-only: no-op sessions, in-process workers, embedded store behind the capacity model",
+        "design": design,
         "streams": n,
         "workers": p.scale_workers,
+        "created_in_s": created_in,
+        "acquires_won": races_won,
+        "acquires_lost_races": races_lost,
         "acquire_all_s": acquire_all,
         "acquisition": during_acquisition,
         "steady": steady,
         "steady_window_s": steady_window.as_secs_f64(),
+        "fair_share_within_1_after_s": converged_after,
+        "largest_distance_from_fair_share": spread_then,
         "balanced_after_s": balanced_after,
         "steady_handoffs": handoffs_after - handoffs_before,
         "steady_self_fences": fences_after - fences_before,
@@ -341,12 +342,37 @@ async fn legacy_ramp(ctx: &Ctx) -> anyhow::Result<Value> {
     Ok(json!({"heartbeat_compression": compression, "steps": rows}))
 }
 
+/// Waits until every simulated worker counts the whole fleet live.
+async fn all_live(workers: &[SimWorker]) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while workers
+        .iter()
+        .any(|w| w.metrics.live_workers.get() != workers.len() as i64)
+    {
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "the simulated fleet did not see itself whole within 2 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
 /// Waits until the simulated workers hold all `n` streams; fails if a worker
 /// stopped or half an hour passed.
 async fn all_held(workers: &[SimWorker], n: usize, what: &str) -> anyhow::Result<()> {
     const LIMIT: Duration = Duration::from_secs(1800);
     let started = Instant::now();
+    let mut reported = Instant::now();
     while held(workers) < n as i64 {
+        if reported.elapsed() >= Duration::from_secs(15) {
+            reported = Instant::now();
+            println!(
+                "scale: {} of {n} {what} after {:.0}s",
+                held(workers),
+                started.elapsed().as_secs_f64()
+            );
+        }
         anyhow::ensure!(
             started.elapsed() < LIMIT,
             "only {} of {n} {what} in {LIMIT:?}",

@@ -1,0 +1,104 @@
+//! In-process workers that hold leases and no sessions: for the scale
+//! simulation (one 2-core machine cannot hold 100,000 sockets) and for tests
+//! of the acquisition path alone.
+
+use std::sync::Arc;
+use std::time::Duration;
+use tether::egress::{HostPolicy, KinesisStreams};
+use tether::lease::LeaseStore;
+use tether::metrics::WorkerMetrics;
+use tether::probes::Health;
+use tether::secrets::SecretSource;
+use tether::worker::{
+    SessionConfig, SessionControl, SessionDeps, SessionEnd, Sessions, StreamProgress, WorkerCtx,
+    WorkerSettings,
+};
+use tokio::task::JoinHandle;
+
+/// A session that holds nothing: it ends when stopped, aborted or fenced.
+pub struct NoopSessions;
+
+impl Sessions for NoopSessions {
+    fn start(
+        &self,
+        _cfg: SessionConfig,
+        _progress: Arc<StreamProgress>,
+        deps: Arc<SessionDeps>,
+        ctl: SessionControl,
+    ) -> JoinHandle<SessionEnd> {
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = ctl.stop.cancelled() => SessionEnd::Stopped,
+                _ = ctl.abort.cancelled() => SessionEnd::Aborted,
+                _ = deps.fence.closed() => SessionEnd::Fenced,
+            }
+        })
+    }
+}
+
+/// Settings of a simulated worker: rebalancing on, no connect pacing
+/// (nothing connects).
+pub fn settings(
+    worker_id: &str,
+    lease: Duration,
+    heartbeat: Duration,
+    reconcile: Duration,
+    max_connections: usize,
+) -> WorkerSettings {
+    WorkerSettings {
+        worker_id: worker_id.to_string(),
+        lease_duration: lease,
+        heartbeat_interval: heartbeat,
+        reconcile_interval: reconcile,
+        fence_window: lease - Duration::from_secs(1),
+        max_clock_skew: Duration::from_secs(2),
+        max_connections,
+        drain_timeout: Duration::from_secs(10),
+        rebalance: true,
+        ca_file: None,
+        connect_rate: 0.0,
+        connect_burst: 1,
+        kinesis_streams: KinesisStreams::new(["*"]),
+        read_orphans_whole: false,
+    }
+}
+
+/// A running simulated worker.
+pub struct SimWorker {
+    pub metrics: Arc<WorkerMetrics>,
+    pub task: JoinHandle<()>,
+}
+
+impl SimWorker {
+    /// Starts a worker on `store` whose sessions are no-ops.
+    pub fn start(settings: WorkerSettings, store: LeaseStore) -> anyhow::Result<Self> {
+        let metrics = Arc::new(WorkerMetrics::default());
+        let health = Arc::new(Health::new(
+            store.reachability(),
+            store.clock(),
+            settings.max_clock_skew,
+        ));
+        let ctx = WorkerCtx::new(
+            settings,
+            store,
+            metrics.clone(),
+            HostPolicy::new(["*"]),
+            HostPolicy::new(["*"]),
+            SecretSource::Standalone,
+            None,
+        )?
+        .with_sessions(Arc::new(NoopSessions));
+        let task = tokio::spawn(async move {
+            if let Err(e) = tether::worker::run(Arc::new(ctx), health, std::future::pending()).await
+            {
+                eprintln!("simulated worker stopped: {e}");
+            }
+        });
+        Ok(Self { metrics, task })
+    }
+
+    /// Streams it holds.
+    pub fn held(&self) -> i64 {
+        self.metrics.active_connections.get()
+    }
+}
