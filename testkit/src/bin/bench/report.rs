@@ -4,6 +4,9 @@
 use serde_json::{Value, json};
 use std::path::Path;
 
+/// A table row: its label and how a design's cell is written.
+type Row<'a> = (&'a str, &'a dyn Fn(&Value) -> String);
+
 pub fn machine() -> Value {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -217,7 +220,7 @@ fn markdown(r: &Value) -> String {
             "---|".repeat(designs.len()),
         ));
         let secs = |v: &Value| format!("{:.1} s", v.as_f64().unwrap_or(0.0));
-        let rows: [(&str, &dyn Fn(&Value) -> String); 11] = [
+        let rows: [Row; 11] = [
             ("streams created at once, in", &|d| secs(&d["created_in_s"])),
             ("all owned, from the first created (cold start)", &|d| {
                 secs(&d["acquire_all_s"])
