@@ -725,6 +725,35 @@ impl Acquirer {
     }
 }
 
+impl Acquirer {
+    /// A bounded read of one orphan partition (`sampling::read_limit` items from a
+    /// random start); `complete` when it saw every item there.
+    pub(super) async fn sample(
+        &mut self,
+        operation: &'static str,
+        holder: &str,
+    ) -> Result<(crate::lease::Found, bool), StoreError> {
+        let limit = if self.ctx.settings.read_orphans_whole {
+            usize::MAX
+        } else {
+            let room = (self.ctx.settings.max_connections).saturating_sub(self.registry.len());
+            self.spread
+                .widened(super::sampling::read_limit(self.view.live(), room))
+        };
+        let after = self.spread.start(holder);
+        let sample = self
+            .ctx
+            .store
+            .sample_holder(operation, holder, limit, after.as_deref())
+            .await?;
+        if self.spread.note(holder, sample.complete, sample.first) {
+            let last = self.ctx.store.last_in_holder(holder).await?;
+            self.spread.set_last(holder, last);
+        }
+        Ok((sample.found, sample.complete))
+    }
+}
+
 /// Whether `key`'s item is re-read in audit number `audit`: each stream in one
 /// audit of every [`CONTROL_SWEEP_AUDITS`], spread evenly.
 fn sweep_turn(key: &StreamKey, audit: u64) -> bool {

@@ -23,8 +23,6 @@
 //! pass, and every acquire is still one conditional write.
 
 use super::pacing::PARTITION_WRITE_BUDGET;
-use super::pass::Acquirer;
-use crate::lease::{Found, StoreError};
 use rand::Rng;
 use std::collections::HashMap;
 
@@ -114,34 +112,6 @@ impl Spread {
         if let Some(b) = self.bounds.get_mut(holder) {
             b.last = last;
         }
-    }
-}
-
-impl Acquirer {
-    /// A bounded read of one orphan partition ([`read_limit`] items from a
-    /// random start); `complete` when it saw every item there.
-    pub(super) async fn sample(
-        &mut self,
-        operation: &'static str,
-        holder: &str,
-    ) -> Result<(Found, bool), StoreError> {
-        let limit = if self.ctx.settings.read_orphans_whole {
-            usize::MAX
-        } else {
-            let room = (self.ctx.settings.max_connections).saturating_sub(self.registry.len());
-            self.spread.widened(read_limit(self.view.live(), room))
-        };
-        let after = self.spread.start(holder);
-        let sample = self
-            .ctx
-            .store
-            .sample_holder(operation, holder, limit, after.as_deref())
-            .await?;
-        if self.spread.note(holder, sample.complete, sample.first) {
-            let last = self.ctx.store.last_in_holder(holder).await?;
-            self.spread.set_last(holder, last);
-        }
-        Ok((sample.found, sample.complete))
     }
 }
 
