@@ -25,6 +25,11 @@ pub struct Sample {
     pub first: Option<String>,
 }
 
+/// An item's `Pk`, if it has a string one.
+fn pk_of(item: &super::codec::Item) -> Option<String> {
+    item.get(attr::PK).and_then(|v| v.as_s().ok()).cloned()
+}
+
 /// Items read, and the ones that could not be.
 #[derive(Debug, Default)]
 pub struct Found {
@@ -144,8 +149,6 @@ impl LeaseStore {
         if after.is_some() && reached_end && items.len() < limit {
             // Wrapped around: on from the start, until the limit or the first
             // item the first leg read (everything before it was read then).
-            let pk_of =
-                |item: &super::codec::Item| item.get(attr::PK).and_then(|v| v.as_s().ok()).cloned();
             let read: std::collections::HashSet<String> = items.iter().filter_map(pk_of).collect();
             let (front, front_end) = self
                 .query_partition_from(query(), None, Some(limit - items.len()))
@@ -161,11 +164,7 @@ impl LeaseStore {
             }
             complete = front_end || met;
         } else if after.is_none() {
-            sample.first = items
-                .first()
-                .and_then(|i| i.get(attr::PK))
-                .and_then(|v| v.as_s().ok())
-                .cloned();
+            sample.first = items.first().and_then(pk_of);
         }
         sample.found.extend(items);
         sample.complete = complete;
@@ -192,12 +191,7 @@ impl LeaseStore {
             })
             .await?;
         self.record_reads("query_holder_end", out.consumed_capacity());
-        Ok(out
-            .items()
-            .first()
-            .and_then(|i| i.get(attr::PK))
-            .and_then(|v| v.as_s().ok())
-            .cloned())
+        Ok(out.items().first().and_then(pk_of))
     }
 
     /// Every stream an incarnation holds, across its shards (index items).

@@ -4,6 +4,16 @@
 use serde_json::{Value, json};
 use std::path::Path;
 
+/// A phase's hottest write key, its peak and the requests throttled.
+fn hottest(phase: &Value) -> String {
+    format!(
+        "{} at {:.0} WCU/s, {} throttled",
+        key(&phase["hottest_write_key"]),
+        phase["hottest_write_units_per_s"].as_f64().unwrap_or(0.0),
+        phase["throttled_requests"]
+    )
+}
+
 /// A table row: its label and how a design's cell is written.
 type Row<'a> = (&'a str, &'a dyn Fn(&Value) -> String);
 
@@ -234,16 +244,7 @@ fn markdown(r: &Value) -> String {
             ("acquires won / lost to another worker then", &|d| {
                 format!("{} / {}", d["acquires_won"], d["acquires_lost_races"])
             }),
-            ("hottest key then", &|d| {
-                format!(
-                    "{} at {:.0} WCU/s, {} throttled",
-                    key(&d["acquisition"]["hottest_write_key"]),
-                    d["acquisition"]["hottest_write_units_per_s"]
-                        .as_f64()
-                        .unwrap_or(0.0),
-                    d["acquisition"]["throttled_requests"]
-                )
-            }),
+            ("hottest key then", &|d| hottest(&d["acquisition"])),
             (
                 "every worker within ±1 of its fair share, after the cold start",
                 &|d| {
@@ -269,16 +270,7 @@ fn markdown(r: &Value) -> String {
             ("all owned again after", &|d| {
                 secs(&d["failover_all_owned_again_s"])
             }),
-            ("hottest key then", &|d| {
-                format!(
-                    "{} at {:.0} WCU/s, {} throttled",
-                    key(&d["failover"]["hottest_write_key"]),
-                    d["failover"]["hottest_write_units_per_s"]
-                        .as_f64()
-                        .unwrap_or(0.0),
-                    d["failover"]["throttled_requests"]
-                )
-            }),
+            ("hottest key then", &|d| hottest(&d["failover"])),
             ("double owners in the store's history", &|d| {
                 d["double_owners"].to_string()
             }),

@@ -48,7 +48,7 @@ fn spread(workers: &[SimWorker], n: usize) -> f64 {
     let mean = n as f64 / workers.len() as f64;
     workers
         .iter()
-        .map(|w| (w.metrics.active_connections.get() as f64 - mean).abs())
+        .map(|w| (w.held() as f64 - mean).abs())
         .fold(0.0, f64::max)
 }
 
@@ -143,10 +143,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     while spread(&workers, n) > 1.0 && converging.elapsed() < Duration::from_secs(120) {
         if reported.elapsed() >= Duration::from_secs(15) {
             reported = Instant::now();
-            let mut loads: Vec<i64> = workers
-                .iter()
-                .map(|w| w.metrics.active_connections.get())
-                .collect();
+            let mut loads: Vec<i64> = workers.iter().map(SimWorker::held).collect();
             loads.sort_unstable();
             println!(
                 "scale: loads {:.0}s after the acquisition: {loads:?}",
@@ -190,10 +187,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     // Crash 10%: two workers vanish without releasing anything.
     model.reset_usage();
     let killed: usize = 2.min(workers.len() - 1);
-    let lost: i64 = workers[..killed]
-        .iter()
-        .map(|w| w.metrics.active_connections.get())
-        .sum();
+    let lost = held(&workers[..killed]);
     let t1 = Instant::now();
     for w in workers.drain(..killed) {
         w.task.abort();
