@@ -63,6 +63,51 @@ fn renewal(version: u64) -> Renewal<'static> {
     }
 }
 
+/// What an owner write keeps while it waits for one of the store's
+/// stream-write turns: a thousand sessions connecting at once all write
+/// their status, and whatever the queued writes hold sets the worker's peak
+/// memory, which the allocator then keeps as resident size. The request (an
+/// SDK future of kilobytes) and the update's values are made only once the
+/// turn is held; before that a write is its arguments and its place in the
+/// queue.
+#[tokio::test]
+async fn an_owner_write_waiting_for_its_turn_holds_no_request() {
+    const SMALL: usize = 1024;
+    let store = fresh_store(None).await;
+    let me = worker(&store, "w").await;
+    let record = create(&store, "s").await;
+    let lease = acquire(&store, &record, &me).await;
+    let status = SessionStatus::default();
+    let served = Default::default();
+    let write = store.write_status(&lease, &status, 1, &served);
+    let fold = store.fold_checkpoint(&lease, 5);
+    let release = store.release(
+        &lease,
+        ReleaseReason::Stopped,
+        Some(6),
+        &status,
+        DesiredState::Started,
+    );
+    let sizes = [
+        ("write_status", std::mem::size_of_val(&write)),
+        ("fold_checkpoint", std::mem::size_of_val(&fold)),
+        ("release", std::mem::size_of_val(&release)),
+    ];
+    for (call, size) in sizes {
+        assert!(
+            size <= SMALL,
+            "a queued {call} keeps {size} bytes (at most {SMALL}): it holds its request while it waits"
+        );
+    }
+    // And they still do their work, in order.
+    assert_eq!(write.await.unwrap(), OwnerWrite::Done(()));
+    assert_eq!(fold.await.unwrap(), OwnerWrite::Done(()));
+    assert_eq!(release.await.unwrap(), OwnerWrite::Done(()));
+    let stored = store.get(&record.key).await.unwrap().expect("item exists");
+    assert_eq!(stored.checkpoint, Some(6));
+    assert_eq!(stored.ownership(), Ownership::Free);
+}
+
 #[tokio::test]
 async fn exactly_one_of_eight_racing_workers_wins_each_round() {
     let store = fresh_store(None).await;

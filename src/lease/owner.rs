@@ -71,19 +71,30 @@ enum Found {
 }
 
 impl LeaseStore {
+    /// Sends an owner write once a stream-write turn is free. The update is
+    /// built (`fill`) and the request made only then: a burst of holders
+    /// waiting for the turns (a thousand sessions connecting at once all
+    /// write their status) keeps a few bytes each while it waits, not the
+    /// update's values and the SDK request (kilobytes), which in a burst
+    /// set the worker's peak memory and, kept by the allocator, its resident
+    /// size long after.
     async fn send_owner_update(
         &self,
         operation: &'static str,
         lease: &Lease,
-        update: &Update,
+        fill: impl FnOnce(&mut Update),
     ) -> Result<Result<(), ConditionFailed>, StoreError> {
         let _turn = self.stream_write_turn().await;
-        let out = self
-            .update_item(operation, &lease.key.pk(), update, ReturnValue::None)
-            .await?;
+        let mut update = owner_update(lease);
+        fill(&mut update);
+        let out =
+            Box::pin(self.update_item(operation, &lease.key.pk(), &update, ReturnValue::None))
+                .await?;
         Ok(out.map(|_| ()))
     }
 
+    /// Boxed by its callers: its read (an SDK request) is rare and would
+    /// otherwise size every owner write while it waits for a turn.
     async fn after_lost_condition(&self, lease: &Lease) -> Result<Found, StoreError> {
         let Some(current) = self.get(&lease.key).await? else {
             return Ok(Found::Lost);
@@ -107,19 +118,17 @@ impl LeaseStore {
         served_generation: i64,
         served_requests: &OwnerRequests,
     ) -> Result<OwnerWrite<()>, StoreError> {
-        let mut update = owner_update(lease);
-        set_status(&mut update, status);
-        update.set(attr::SERVED_GENERATION, ":served", n(served_generation));
-        update.set(
-            attr::SERVED_REQUESTS,
-            ":served_requests",
-            served_requests_value(served_requests),
-        );
+        let fill = |update: &mut Update| {
+            set_status(update, status);
+            update.set(attr::SERVED_GENERATION, ":served", n(served_generation));
+            update.set(
+                attr::SERVED_REQUESTS,
+                ":served_requests",
+                served_requests_value(served_requests),
+            );
+        };
         Ok(
-            match self
-                .send_owner_update("write_status", lease, &update)
-                .await?
-            {
+            match self.send_owner_update("write_status", lease, fill).await? {
                 Ok(()) => OwnerWrite::Done(()),
                 Err(ConditionFailed) => OwnerWrite::Lost,
             },
@@ -134,15 +143,14 @@ impl LeaseStore {
         lease: &Lease,
         seq: u64,
     ) -> Result<OwnerWrite<()>, StoreError> {
-        let mut update = owner_update(lease);
-        set_checkpoint(&mut update, seq);
+        let fill = |update: &mut Update| set_checkpoint(update, seq);
         Ok(
             match self
-                .send_owner_update("fold_checkpoint", lease, &update)
+                .send_owner_update("fold_checkpoint", lease, fill)
                 .await?
             {
                 Ok(()) => OwnerWrite::Done(()),
-                Err(ConditionFailed) => match self.after_lost_condition(lease).await? {
+                Err(ConditionFailed) => match Box::pin(self.after_lost_condition(lease)).await? {
                     // The stored checkpoint is already at or past `seq`.
                     Found::StillOurs(_) => OwnerWrite::Done(()),
                     Found::ReleasedByUs | Found::Lost => OwnerWrite::Lost,
@@ -166,26 +174,27 @@ impl LeaseStore {
         let mut desired = desired;
         let mut checkpoint = checkpoint;
         for _ in 0..MAX_RELEASE_ATTEMPTS {
-            let mut update = owner_update(lease);
-            set_status(&mut update, status);
-            // `#exp` is the name alias the ownership guard already uses.
-            update.set("#exp", ":zero", n(0));
-            update.set(attr::RELEASED_AT_MS, ":released", n(now_ms()));
-            update.set(attr::RELEASE_REASON, ":why", s(reason.as_str()));
-            update.require("desired_state = :desired");
-            update.value(":desired", s(desired.as_str()));
-            match desired {
-                DesiredState::Started => {
-                    update.set(attr::HOLDER, ":holder", s(lease.key.unowned_holder()))
+            let fill = |update: &mut Update| {
+                set_status(update, status);
+                // `#exp` is the name alias the ownership guard already uses.
+                update.set("#exp", ":zero", n(0));
+                update.set(attr::RELEASED_AT_MS, ":released", n(now_ms()));
+                update.set(attr::RELEASE_REASON, ":why", s(reason.as_str()));
+                update.require("desired_state = :desired");
+                update.value(":desired", s(desired.as_str()));
+                match desired {
+                    DesiredState::Started => {
+                        update.set(attr::HOLDER, ":holder", s(lease.key.unowned_holder()))
+                    }
+                    DesiredState::Stopped => update.remove(attr::HOLDER),
                 }
-                DesiredState::Stopped => update.remove(attr::HOLDER),
-            }
-            if let Some(seq) = checkpoint {
-                set_checkpoint(&mut update, seq);
-            }
-            match self.send_owner_update("release", lease, &update).await? {
+                if let Some(seq) = checkpoint {
+                    set_checkpoint(update, seq);
+                }
+            };
+            match self.send_owner_update("release", lease, fill).await? {
                 Ok(()) => return Ok(OwnerWrite::Done(())),
-                Err(ConditionFailed) => match self.after_lost_condition(lease).await? {
+                Err(ConditionFailed) => match Box::pin(self.after_lost_condition(lease)).await? {
                     Found::ReleasedByUs => return Ok(OwnerWrite::Done(())),
                     Found::Lost => return Ok(OwnerWrite::Lost),
                     Found::StillOurs(current) => {

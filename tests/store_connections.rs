@@ -1,0 +1,110 @@
+//! How many connections the store client keeps once a burst is over. Alone
+//! in its own test binary: it counts this process's connections to the
+//! store, and another test running beside it would add its own.
+
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::time::Duration;
+use tether::lease::{DesiredState, DesiredStream, StreamKey, UpsertOutcome};
+use tether_testkit::store::fresh_store;
+
+/// Requests sent at once: more than the stream-write turns (32), as when a
+/// thousand sessions that just connected write their status.
+const BURST: usize = 64;
+/// What a worker's steady state uses, and what the client may keep idle.
+const KEPT: usize = 8;
+
+/// Established connections from this process to `port` on loopback: the
+/// client's ends (remote port `port`) of sockets this process holds.
+fn connections_to(port: u16) -> usize {
+    let mine: BTreeSet<String> = std::fs::read_dir("/proc/self/fd")
+        .expect("list /proc/self/fd")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|target| {
+            let t = target.to_string_lossy().to_string();
+            Some(t.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .filter(|row| {
+            let f: Vec<&str> = row.split_whitespace().collect();
+            let remote_port = f
+                .get(2)
+                .and_then(|r| r.rsplit_once(':'))
+                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+            // State 01 is ESTABLISHED; field 9 is the socket's inode.
+            remote_port == Some(port)
+                && f.get(3) == Some(&"01")
+                && f.get(9).is_some_and(|inode| mine.contains(*inode))
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn after_a_burst_the_store_client_keeps_a_handful_of_connections() {
+    let store = fresh_store(None).await;
+    let port: u16 = store
+        .endpoint()
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.trim_end_matches('/').parse().ok())
+        .expect("the store endpoint has a port");
+    let key = StreamKey::new("test", "burst");
+    let desired = DesiredStream {
+        key: key.clone(),
+        desired_state: DesiredState::Started,
+        ws_url: "ws://127.0.0.1:1/burst".into(),
+        spec: json!({"sink": {"log": {}}}).to_string(),
+        generation: 1,
+        resource: None,
+        requests: Default::default(),
+    };
+    assert_eq!(
+        store.upsert_desired(&desired).await.unwrap(),
+        UpsertOutcome::Applied
+    );
+    // The most connections seen while the burst is in flight.
+    let burst_over = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = tokio::task::spawn_blocking({
+        let burst_over = burst_over.clone();
+        move || {
+            let mut most = 0;
+            while !burst_over.load(std::sync::atomic::Ordering::SeqCst) {
+                most = most.max(connections_to(port));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            most.max(connections_to(port))
+        }
+    });
+    let reads = (0..BURST).map(|_| store.get(&key));
+    for read in futures::future::join_all(reads).await {
+        assert!(read.unwrap().is_some());
+    }
+    burst_over.store(true, std::sync::atomic::Ordering::SeqCst);
+    let most = sampler.await.unwrap();
+    // Otherwise this test would show nothing.
+    assert!(
+        most > KEPT,
+        "the burst opened only {most} connections at once; it must open more than {KEPT}"
+    );
+    // Connections over the limit are closed as they come back to the pool;
+    // give the closes a moment to reach the socket table.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut open = connections_to(port);
+    while open > KEPT && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        open = connections_to(port);
+    }
+    assert!(
+        open <= KEPT,
+        "after {BURST} requests at once the store client still holds {open} connections (at most {KEPT} are kept idle)"
+    );
+}
