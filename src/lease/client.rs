@@ -6,7 +6,7 @@ use super::clock::{ClockGauge, ClockInterceptor};
 use super::codec::Malformed;
 use super::error::StoreError;
 use crate::metrics::StoreMetrics;
-use crate::support::{RetryPolicy, aws_http_client};
+use crate::support::{RetryPolicy, store_http_client};
 use aws_config::BehaviorVersion;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
@@ -166,7 +166,7 @@ impl LeaseStore {
     /// Builds the client. No request is sent; `check_table` verifies reachability.
     pub async fn connect(cfg: StoreConfig, metrics: Arc<StoreMetrics>) -> Result<Self, StoreError> {
         validate_table_name(&cfg.table)?;
-        let http = aws_http_client();
+        let http = store_http_client();
         let env_endpoint = std::env::var("AWS_ENDPOINT_URL_DYNAMODB")
             .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
             .ok()

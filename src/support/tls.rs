@@ -10,21 +10,36 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Idle connections kept per host by the AWS SDK clients. A worker's steady
+/// Idle connections the store's client keeps per host. A worker's steady
 /// state (a renewal per heartbeat, a pass's reads, the odd owner write)
 /// uses a few; a burst (a thousand sessions writing their status, 32 at a
-/// time) opens dozens, and the pool kept them all until they timed out: at
-/// about 50 KiB each (dispatch channel, buffers, TLS), 2–3 KiB per session
-/// of a thousand just connected. Connections over this are closed as they
-/// come back; a sustained burst keeps its own busy.
-const AWS_MAX_IDLE_CONNECTIONS_PER_HOST: usize = 8;
+/// time, beside acquires and reads) opened about 60, and the pool kept them
+/// all until they timed out: at about 50 KiB each (dispatch channel,
+/// buffers), 2–3 KiB per session of a thousand just connected. Connections
+/// over this are closed as they come back; a sustained burst keeps its own
+/// busy. Sinks keep the default: their concurrency is the traffic's.
+const STORE_MAX_IDLE_CONNECTIONS_PER_HOST: usize = 8;
 
-/// The HTTP client every AWS SDK client of tether uses (DynamoDB, Kinesis):
-/// rustls with ring, with the ring provider installed process-wide.
+/// The HTTP client of tether's AWS SDK sink clients (Kinesis): rustls with
+/// ring, with the ring provider installed process-wide.
 pub fn aws_http_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient {
+    rustls_ring(aws_smithy_http_client::Builder::new())
+}
+
+/// [`aws_http_client`] for the lease store (DynamoDB): at most
+/// [`STORE_MAX_IDLE_CONNECTIONS_PER_HOST`] idle connections kept.
+pub fn store_http_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient {
+    rustls_ring(
+        aws_smithy_http_client::Builder::new()
+            .pool_max_idle_per_host(STORE_MAX_IDLE_CONNECTIONS_PER_HOST),
+    )
+}
+
+fn rustls_ring(
+    builder: aws_smithy_http_client::Builder,
+) -> aws_smithy_runtime_api::client::http::SharedHttpClient {
     install_crypto_provider();
-    aws_smithy_http_client::Builder::new()
-        .pool_max_idle_per_host(AWS_MAX_IDLE_CONNECTIONS_PER_HOST)
+    builder
         .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
             aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
         ))
