@@ -12,11 +12,11 @@ use tether_testkit::bed::loopback;
 use tether_testkit::proxy::FaultProxy;
 use tether_testkit::store::{endpoint, store_config, unique_table};
 
-/// Requests sent at once: more than the stream-write turns (32), as when a
-/// thousand sessions that just connected write their status.
-const BURST: usize = 64;
-/// What a worker's steady state uses, and what the client may keep idle.
-const KEPT: usize = 8;
+/// Requests sent at once: reads do not wait for the stream-write turns, so
+/// each opens a connection, as a burst of a worker's calls does.
+const BURST: usize = 96;
+/// What the client may keep idle: as many as the stream-write turns.
+const KEPT: usize = 32;
 
 /// Established connections from this process to `port` on loopback: the
 /// client's ends (remote port `port`) of sockets this process holds.

@@ -11,7 +11,7 @@ mod tls;
 pub use lock::lock;
 pub use quantile::quantile;
 pub use retry::{RetryPolicy, exponential};
-pub use tls::{aws_http_client, install_crypto_provider, store_http_client};
+pub use tls::{aws_http_client, aws_http_client_keeping, install_crypto_provider};
 
 /// For tests: an address that counts every connection it is offered (a
 /// forbidden target that must see none).
