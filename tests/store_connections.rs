@@ -54,7 +54,7 @@ fn connections_to(port: u16) -> usize {
 }
 
 #[tokio::test]
-async fn after_a_burst_the_store_client_keeps_a_handful_of_connections() {
+async fn after_a_burst_the_store_client_keeps_no_more_idle_connections_than_write_turns() {
     tether::install_crypto_provider();
     // The store's traffic goes through a proxy that counts the connections
     // it accepts.

@@ -185,16 +185,21 @@ mod tests {
         all
     }
 
+    /// `push_str` writes `s` byte for byte as `serde_json` writes it.
+    fn escapes_as_serde_json(s: &str) {
+        let mut out = Vec::new();
+        push_str(&mut out, s.as_bytes());
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            serde_json::to_string(s).unwrap(),
+            "{s:?}"
+        );
+    }
+
     #[test]
     fn strings_are_escaped_byte_for_byte_as_serde_json_escapes_them() {
         for s in strings() {
-            let mut out = Vec::new();
-            push_str(&mut out, s.as_bytes());
-            assert_eq!(
-                String::from_utf8(out).unwrap(),
-                serde_json::to_string(&s).unwrap(),
-                "{s:?}"
-            );
+            escapes_as_serde_json(&s);
         }
     }
 
@@ -219,13 +224,7 @@ mod tests {
             let s: String = (0..len)
                 .map(|_| PIECES[(next() % PIECES.len() as u64) as usize])
                 .collect();
-            let mut out = Vec::new();
-            push_str(&mut out, s.as_bytes());
-            assert_eq!(
-                String::from_utf8(out).unwrap(),
-                serde_json::to_string(&s).unwrap(),
-                "{s:?}"
-            );
+            escapes_as_serde_json(&s);
         }
     }
 
