@@ -57,8 +57,8 @@ impl SinkClients {
     /// The Kinesis client of `region` (`None`: the worker's own), built once
     /// from the standard AWS configuration (`AWS_ENDPOINT_URL_KINESIS`, the
     /// default credential chain) with rustls + ring like the lease store's
-    /// client, but the pool's default idle connections (the store's keeps 8:
-    /// a sink's concurrency is its traffic's).
+    /// client, but the pool's default idle connections (the store's keeps as
+    /// many as its stream-write turns: a sink's concurrency is its traffic's).
     pub async fn kinesis(&self, region: Option<&str>) -> aws_sdk_kinesis::Client {
         let key = region.map(str::to_string);
         let mut clients = self.kinesis.lock().await;
