@@ -8,26 +8,16 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tether::lease::{
-    AcquireFrom, AcquireOutcome, Checkpoint, DeleteOutcome, DesiredState, DesiredStream,
-    HOLDER_SHARDS, Incarnation, Lease, LeaseStore, OwnerWrite, Ownership, PackedShard, PodIdentity,
-    ReleaseReason, RenewOutcome, Renewal, ResourceIdentity, SessionStatus, SlotEntry, SlotPage,
-    StoreError, StreamKey, StreamRecord, TableChange, TombstoneOutcome, UpsertOutcome,
-    UpsertRefusal, WorkerState,
+    AcquireFrom, AcquireOutcome, Checkpoint, DeleteOutcome, DesiredState, HOLDER_SHARDS,
+    Incarnation, Lease, LeaseStore, OwnerWrite, Ownership, PackedShard, PodIdentity, ReleaseReason,
+    RenewOutcome, Renewal, ResourceIdentity, SessionStatus, SlotEntry, SlotPage, StoreError,
+    StreamKey, StreamRecord, TableChange, TombstoneOutcome, UpsertOutcome, UpsertRefusal,
+    WorkerState,
 };
 use tether::metrics::StoreMetrics;
-use tether_testkit::store::{fresh_store, raw_client, store_config, unique_table};
-
-fn desired(name: &str, state: DesiredState, generation: i64) -> DesiredStream {
-    DesiredStream {
-        key: StreamKey::new("test", name),
-        desired_state: state,
-        ws_url: format!("ws://127.0.0.1:1/{name}?after={{last_seq}}"),
-        spec: json!({"sink": {"log": {}}}).to_string(),
-        generation,
-        resource: None,
-        requests: Default::default(),
-    }
-}
+use tether_testkit::store::{
+    desired_stream as desired, fresh_store, raw_client, store_config, unique_table,
+};
 
 async fn create(store: &LeaseStore, name: &str) -> StreamRecord {
     let d = desired(name, DesiredState::Started, 1);

@@ -2,15 +2,14 @@
 //! in its own test binary: it counts this process's connections to the
 //! store, and another test running beside it would add its own.
 
-use serde_json::json;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
-use tether::lease::{DesiredState, DesiredStream, LeaseStore, StreamKey, UpsertOutcome};
+use tether::lease::{DesiredState, LeaseStore, StreamKey, UpsertOutcome};
 use tether::metrics::StoreMetrics;
 use tether_testkit::bed::loopback;
 use tether_testkit::proxy::FaultProxy;
-use tether_testkit::store::{endpoint, store_config, unique_table};
+use tether_testkit::store::{desired_stream, endpoint, store_config, unique_table};
 
 /// Requests sent at once: reads do not wait for the stream-write turns, so
 /// each opens a connection, as a burst of a worker's calls does.
@@ -67,15 +66,7 @@ async fn after_a_burst_the_store_client_keeps_no_more_idle_connections_than_writ
         .unwrap();
     store.create_table().await.unwrap();
     let key = StreamKey::new("test", "burst");
-    let desired = DesiredStream {
-        key: key.clone(),
-        desired_state: DesiredState::Started,
-        ws_url: "ws://127.0.0.1:1/burst".into(),
-        spec: json!({"sink": {"log": {}}}).to_string(),
-        generation: 1,
-        resource: None,
-        requests: Default::default(),
-    };
+    let desired = desired_stream("burst", DesiredState::Started, 1);
     assert_eq!(
         store.upsert_desired(&desired).await.unwrap(),
         UpsertOutcome::Applied

@@ -10,7 +10,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tether::embedded::EmbeddedStore;
-use tether::lease::{LeaseStore, StoreConfig};
+use tether::lease::{DesiredState, DesiredStream, LeaseStore, StoreConfig, StreamKey};
 use tether::metrics::StoreMetrics;
 use tether::support::RetryPolicy;
 
@@ -137,4 +137,18 @@ pub async fn raw_client() -> aws_sdk_dynamodb::Client {
         .http_client(tether::support::aws_http_client())
         .build();
     aws_sdk_dynamodb::Client::from_conf(conf)
+}
+
+/// A stream `test/<name>` as the controller would mirror it: an upstream
+/// nobody listens on and the log sink (for store tests, which never connect).
+pub fn desired_stream(name: &str, state: DesiredState, generation: i64) -> DesiredStream {
+    DesiredStream {
+        key: StreamKey::new("test", name),
+        desired_state: state,
+        ws_url: format!("ws://127.0.0.1:1/{name}?after={{last_seq}}"),
+        spec: serde_json::json!({"sink": {"log": {}}}).to_string(),
+        generation,
+        resource: None,
+        requests: Default::default(),
+    }
 }
