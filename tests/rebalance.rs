@@ -36,16 +36,17 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
                 && open.values().all(|n| *n == 1)
         }
     };
-    Bed::wait(
-        Duration::from_secs(30),
-        "two workers hold 15 ± 1 each",
-        || balanced(15, 2, 1),
-    )
+    Bed::wait(Duration::from_secs(30), "two workers hold 15 each", || {
+        balanced(15, 2, 0)
+    })
     .await
     .unwrap();
 
     // 30 streams on three workers settle at exactly 10 each (the whole
-    // excess moves at once; no worker ends above the share).
+    // excess moves at once; no worker ends above the share), and only the
+    // excess moves, each stream once: a giver that counted a stream in
+    // flight as missing would hand over one more, which then moves back.
+    let sessions_before_join = bed.upstream.sessions().len();
     let mut c = bed.fleet.spawn("c").unwrap();
     Bed::wait(
         Duration::from_secs(30),
@@ -61,6 +62,11 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
     assert!(
         bed.upstream.sessions().len() - before <= 2,
         "a balanced fleet keeps churning"
+    );
+    assert_eq!(
+        bed.upstream.sessions().len() - sessions_before_join,
+        10,
+        "a worker joining 15/15 should move 10 streams, once each"
     );
     let metrics = c.metrics().await.unwrap();
     assert!(metrics.contains("tether_live_workers 3"), "{metrics}");

@@ -21,6 +21,8 @@ pub(super) struct Peer {
     /// Its heartbeat moved recently (a crashed worker stays LIVE in the table
     /// until declared dead; handing streams to it would only interrupt them).
     pub progressing: bool,
+    /// When it wrote the heartbeat that published `held`, on its own clock.
+    pub published_at_ms: u64,
 }
 
 /// What this worker knows about its live peers.
@@ -37,13 +39,38 @@ impl FleetView {
 
     /// Fair share given what this worker holds and the orphans it sees.
     pub(super) fn fair_share(&self, held: u64, orphans: u64) -> u64 {
-        let others: u64 = self
+        fair_share(self.total(held) + orphans, self.live())
+    }
+
+    /// Streams held by the counted workers, this one holding `held`, as
+    /// last published (short by any stream in flight: see `peak_total`).
+    pub(super) fn total(&self, held: u64) -> u64 {
+        held + self
             .peers
             .iter()
             .filter(|p| p.progressing)
             .map(|p| p.held)
-            .sum();
-        fair_share(others + held + orphans, self.live())
+            .sum::<u64>()
+    }
+
+    /// Whether `orphan` is still in the count a peer last published: a
+    /// counted peer released it after the heartbeat that published that
+    /// count. Both times are the releaser's own clock. A taker that counted
+    /// such a stream twice (in its releaser's load and as an orphan) would
+    /// see a share above the true one and take streams meant for the worker
+    /// they were handed to: a giver took back its peer's released streams
+    /// right after handing its own over. Counting one too few instead (a
+    /// heartbeat that already left out streams being handed over) only has
+    /// the orphan wait out its grace.
+    pub(super) fn still_counted(&self, orphan: &StreamRecord) -> bool {
+        let (Some(owner), Some(released_at)) =
+            (orphan.lease_owner.as_deref(), orphan.released_at_ms)
+        else {
+            return false;
+        };
+        self.peers.iter().any(|p| {
+            p.progressing && p.incarnation.as_str() == owner && released_at >= p.published_at_ms
+        })
     }
 
     /// Whether some progressing peer holds fewer than `fair` streams.
@@ -74,9 +101,9 @@ impl FleetView {
     /// would move a stream per worker in a large fleet to fill one
     /// newcomer. A stream released too many is taken by a worker below the
     /// ceiling, which every releaser then is: nothing goes above it.
-    pub(super) fn extra_handoff(&self, held: u64, roll: f64) -> u64 {
+    /// `total` is the fleet's total as a giver counts it (`peak_total`).
+    pub(super) fn extra_handoff(&self, held: u64, total: u64, roll: f64) -> u64 {
         let progressing = || self.peers.iter().filter(|p| p.progressing);
-        let total = held + progressing().map(|p| p.held).sum::<u64>();
         let live = self.live() as u64;
         let (floor, ceiling) = (total / live, total.div_ceil(live));
         if floor == ceiling || held < ceiling {
@@ -202,20 +229,34 @@ impl AcquirePolicy {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn view(held: &[u64]) -> FleetView {
-        FleetView {
+impl FleetView {
+    /// Progressing peers holding `held`, published at time 0.
+    pub(super) fn of_loads(held: &[u64]) -> Self {
+        Self {
             peers: held
                 .iter()
                 .map(|h| Peer {
                     incarnation: Incarnation::new("p"),
                     held: *h,
                     progressing: true,
+                    published_at_ms: 0,
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(held: &[u64]) -> FleetView {
+        FleetView::of_loads(held)
+    }
+
+    /// The extra handoff with the fleet's total as last published.
+    fn extra(v: &FleetView, held: u64, roll: f64) -> u64 {
+        v.extra_handoff(held, v.total(held), roll)
     }
 
     #[test]
@@ -245,7 +286,7 @@ mod tests {
         assert_eq!(handoff_count(11, 10, true), 1);
         assert_eq!(handoff_count(10, 10, true), 0);
         // 30 over 3: the mean is whole, nothing beyond the excess.
-        assert_eq!(v.extra_handoff(15, 0.0), 0);
+        assert_eq!(extra(&v, 15, 0.0), 0);
     }
 
     #[test]
@@ -255,23 +296,59 @@ mod tests {
         // each of the three hands one more over with probability 1/3.
         let joined = view(&[10, 10, 0]);
         assert_eq!(handoff_count(10, joined.fair_share(10, 0), true), 2);
-        assert_eq!(joined.extra_handoff(10, 0.3), 1);
-        assert_eq!(joined.extra_handoff(10, 0.34), 0);
+        assert_eq!(extra(&joined, 10, 0.3), 1);
+        assert_eq!(extra(&joined, 10, 0.34), 0);
         // Stopped at 8/8/8/6: one lacking, three at the ceiling.
         let short = view(&[8, 8, 6]);
         assert_eq!(handoff_count(8, short.fair_share(8, 0), true), 0);
-        assert_eq!(short.extra_handoff(8, 0.3), 1);
-        assert_eq!(short.extra_handoff(8, 0.5), 0);
+        assert_eq!(extra(&short, 8, 0.3), 1);
+        assert_eq!(extra(&short, 8, 0.5), 0);
         // Balanced (8/8/7/7): nothing, whoever asks.
         let balanced = view(&[8, 7, 7]);
-        assert_eq!(balanced.extra_handoff(8, 0.0), 0);
-        assert_eq!(view(&[8, 8, 7]).extra_handoff(7, 0.0), 0);
+        assert_eq!(extra(&balanced, 8, 0.0), 0);
+        assert_eq!(extra(&view(&[8, 8, 7]), 7, 0.0), 0);
         // Below the ceiling itself: never a giver.
-        assert_eq!(short.extra_handoff(6, 0.0), 0);
+        assert_eq!(extra(&short, 6, 0.0), 0);
         // 25 over 4 at 7/7/7/4: two lacking, three givers, 2/3 each.
         let two_short = view(&[7, 7, 4]);
-        assert_eq!(two_short.extra_handoff(7, 0.6), 1);
-        assert_eq!(two_short.extra_handoff(7, 0.7), 0);
+        assert_eq!(extra(&two_short, 7, 0.6), 1);
+        assert_eq!(extra(&two_short, 7, 0.7), 0);
+    }
+
+    /// The interleaving a CI run's logs showed: two workers at 15, a
+    /// newcomer. This worker handed 5 over and holds 10, the newcomer took
+    /// and published them; the peer released 5 too (at 1,500 on its clock)
+    /// but its last heartbeat (at 1,000) still publishes 15. Counted twice,
+    /// those 5 made a share of 12 and this worker took 2 of the streams
+    /// meant for the newcomer.
+    #[test]
+    fn a_released_stream_still_in_its_releaser_s_count_is_not_counted_twice() {
+        let mut v = view(&[15, 5]);
+        v.peers[0].incarnation = Incarnation::new("b");
+        v.peers[0].published_at_ms = 1_000;
+        let released_by = |owner: &Incarnation, at: u64| StreamRecord {
+            lease_owner: Some(owner.to_string()),
+            release_reason: Some(ReleaseReason::Rebalance),
+            released_at_ms: Some(at),
+            ..StreamRecord::for_test(crate::lease::StreamKey::new("ns", "s"))
+        };
+        let peer = v.peers[0].incarnation.clone();
+        let orphans: Vec<StreamRecord> = (0..5).map(|_| released_by(&peer, 1_500)).collect();
+        assert_eq!(v.fair_share(10, 5), 12, "counted twice");
+        let uncounted = orphans.iter().filter(|o| !v.still_counted(o)).count() as u64;
+        assert_eq!(v.fair_share(10, uncounted), 10);
+        // Released before the heartbeat that published the count: an orphan.
+        assert!(!v.still_counted(&released_by(&peer, 999)));
+        // Another worker's (a departed one, not in view), a silent peer's,
+        // or one never owned: in nobody's count.
+        assert!(!v.still_counted(&released_by(&Incarnation::new("gone"), 1_500)));
+        v.peers[0].progressing = false;
+        assert!(!v.still_counted(&released_by(&peer, 1_500)));
+        assert!(
+            !v.still_counted(&StreamRecord::for_test(crate::lease::StreamKey::new(
+                "ns", "new"
+            )))
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Taking streams: the acquisition pass (`pass`), fair share (`fair_share`),
+//! Taking streams: the acquisition pass (`pass`), fair share (`fair_share`,
+//! with the total a giver counts in `peak_total`),
 //! reading peers and the fleet view (`peers`), declaring the overdue dead on
 //! this worker's monotonic clock (`overdue`), what departed incarnations left
 //! (`departed`), the pace of acquires (`pacing`), how much of an orphan
@@ -10,6 +11,7 @@ mod fair_share;
 mod overdue;
 mod pacing;
 mod pass;
+mod peak_total;
 mod peers;
 mod quiet;
 mod quiet_state;

@@ -11,7 +11,9 @@
 //! (`quiet`): they read the change counter and the watched peers, every
 //! other pass.
 
-use super::fair_share::{AcquirePolicy, FleetView, Orphan, classify_free, handoff_count};
+use super::fair_share::{
+    AcquirePolicy, FleetView, Orphan, classify_free, fair_share, handoff_count,
+};
 use super::overdue::Observer;
 use crate::lease::{
     AcquireFrom, AcquireOutcome, Checkpoints, DesiredState, FleetEntry, HOLDER_SHARDS, Incarnation,
@@ -20,7 +22,7 @@ use crate::lease::{
 use crate::worker::fence::Fence;
 use crate::worker::settings::{
     AUDIT_HEARTBEATS, CONTROL_SWEEP_AUDITS, EXTRA_HANDOFF_COOLDOWNS, HANDOFF_COOLDOWN_HEARTBEATS,
-    REBALANCE_GRACE_INTERVALS, SHARE_GRACE_INTERVALS, UNOWNED_SCAN_PERIOD,
+    PEAK_TOTAL_HEARTBEATS, REBALANCE_GRACE_INTERVALS, SHARE_GRACE_INTERVALS, UNOWNED_SCAN_PERIOD,
 };
 use crate::worker::shared::Shared;
 use crate::worker::stream::StreamProgress;
@@ -114,6 +116,8 @@ pub(crate) struct Acquirer {
     pub(super) deferred_handoff: Option<(Instant, Vec<HeldStream>)>,
     /// Where bounded reads of orphan partitions start.
     pub(super) spread: super::sampling::Spread,
+    /// The fleet's recent peak total, which handoffs are computed from.
+    pub(super) peak_total: super::peak_total::PeakTotal,
 }
 
 impl Acquirer {
@@ -154,6 +158,7 @@ impl Acquirer {
             quiet: super::quiet_state::QuietState::default(),
             deferred_handoff: None,
             spread: super::sampling::Spread::default(),
+            peak_total: super::peak_total::PeakTotal::default(),
         }
     }
 
@@ -409,11 +414,16 @@ impl Acquirer {
         // Workers racing for the same orphans try them in different orders.
         candidates.shuffle(&mut rand::rng());
         let staying = self.registry.staying() as u64;
+        // Orphans in no published count (`FleetView::still_counted`).
+        let uncounted = candidates
+            .iter()
+            .filter(|c| !self.view.still_counted(&c.record))
+            .count() as u64;
         let fair = self
             .ctx
             .settings
             .rebalance
-            .then(|| self.view.fair_share(staying, candidates.len() as u64));
+            .then(|| self.view.fair_share(staying, uncounted));
         let interval_ms = self.ctx.settings.reconcile_interval.as_millis() as u64;
         let mut policy = AcquirePolicy {
             below_share: fair.map(|f| f.saturating_sub(staying)),
@@ -534,6 +544,14 @@ impl Acquirer {
         if !self.ctx.settings.rebalance {
             return;
         }
+        // The fleet's total as a giver must count it (`peak_total`): never
+        // short by streams in flight between two peers' heartbeats. Seen on
+        // every full pass, whether or not this one may hand over.
+        let staying = self.registry.staying() as u64;
+        let window = self.ctx.settings.heartbeat_interval * PEAK_TOTAL_HEARTBEATS;
+        let total = self
+            .peak_total
+            .observe(Instant::now(), self.view.total(staying), window);
         // Peers publish their load once a heartbeat: right after streams moved
         // (orphans around, or this worker just took some), the counts are stale
         // and handing over would only move streams twice.
@@ -546,8 +564,7 @@ impl Acquirer {
         {
             return;
         }
-        let staying = self.registry.staying() as u64;
-        let fair = self.view.fair_share(staying, 0);
+        let fair = fair_share(total, self.view.live());
         let excess = handoff_count(staying, fair, self.view.peer_below(fair));
         // The extra stream is rolled for together with this worker's own
         // excess (one roll per handoff, which has its cooldown); otherwise
@@ -567,7 +584,8 @@ impl Acquirer {
                     .last_extra_handoff
                     .is_none_or(|t| t.elapsed() >= cooldown * EXTRA_HANDOFF_COOLDOWNS));
         let extra = if extra_due {
-            self.view.extra_handoff(staying, rand::random::<f64>())
+            self.view
+                .extra_handoff(staying, total, rand::random::<f64>())
         } else {
             0
         };

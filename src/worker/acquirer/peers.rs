@@ -49,6 +49,7 @@ impl Acquirer {
                         incarnation: r.incarnation.clone(),
                         held: r.held,
                         progressing: self.observer.progressing(&r.incarnation, now, silence),
+                        published_at_ms: r.heartbeat_at_ms,
                     })
                     .collect(),
             };
