@@ -48,6 +48,7 @@ async fn acquire(store: &LeaseStore, observed: &StreamRecord, me: &Incarnation) 
 fn renewal(version: u64) -> Renewal<'static> {
     Renewal {
         version,
+        at_ms: tether::lease::now_ms(),
         lease_ms: 8000,
         ..Renewal::default()
     }
@@ -1354,4 +1355,41 @@ async fn a_late_earlier_slot_page_write_or_delete_never_undoes_a_later_write() {
     // The delete of the write that is there removes it.
     store.delete_slot_page(&me, 0, 2).await.unwrap();
     assert_eq!(found(store.clone(), me.clone(), key.clone()).await, None);
+}
+
+/// A peer tells whether a released stream is still in its releaser's
+/// published load by comparing two of the releaser's own times: the release
+/// must carry the stamp its holder took when the stream left that load, and
+/// a renewal the time taken before the load was counted, not times of their
+/// own writes.
+#[tokio::test]
+async fn a_release_and_a_renewal_carry_the_times_their_worker_stamped() {
+    let store = fresh_store(None).await;
+    let me = worker(&store, "w").await;
+    let record = create(&store, "s").await;
+    let lease = acquire(&store, &record, &me).await;
+    let renewed = Renewal {
+        at_ms: 1_000,
+        held: 1,
+        ..renewal(1)
+    };
+    store.renew(&me, &renewed).await.unwrap();
+    let published = store.watch(std::slice::from_ref(&me)).await.unwrap();
+    let mine = &published.workers[0];
+    assert_eq!((mine.heartbeat_at_ms, mine.held), (1_000, 1));
+    let released = store
+        .release_stamped(
+            &lease,
+            ReleaseReason::Rebalance,
+            Some(3),
+            &SessionStatus::default(),
+            DesiredState::Started,
+            4_242,
+        )
+        .await
+        .unwrap();
+    assert_eq!(released, OwnerWrite::Done(()));
+    let stored = store.get(&record.key).await.unwrap().expect("item exists");
+    assert_eq!(stored.released_at_ms, Some(4_242));
+    assert_eq!(stored.ownership(), Ownership::Free);
 }

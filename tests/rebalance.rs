@@ -56,13 +56,8 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
     .await
     .unwrap();
     // Stable: nothing keeps moving once balanced.
-    let before = bed.upstream.sessions().len();
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(balanced(10, 3, 0).await, "a balanced fleet moved a stream");
-    assert!(
-        bed.upstream.sessions().len() - before <= 2,
-        "a balanced fleet keeps churning"
-    );
     assert_eq!(
         bed.upstream.sessions().len() - sessions_before_join,
         10,

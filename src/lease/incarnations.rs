@@ -43,8 +43,12 @@ pub(super) fn ttl(from_now: Duration) -> AttributeValue {
 #[derive(Debug, Default)]
 pub struct Renewal<'a> {
     pub version: u64,
+    /// When the renewal was made, this worker's wall clock (`heartbeat_at_ms`),
+    /// taken before `held` was counted.
+    pub at_ms: u64,
     /// The lease, for the informational `alive_until_ms` people read.
     pub lease_ms: u64,
+    /// Streams held whose release is not stamped (the load fair share reads).
     pub held: u64,
     /// Checkpoint shard 0.
     pub shard0: &'a PackedShard,
@@ -172,11 +176,11 @@ impl LeaseStore {
         let pk = me.pk();
         let mut update = Update::new();
         update.set(attr::HEARTBEAT_VERSION, ":v", n(renewal.version));
-        update.set(attr::HEARTBEAT_AT_MS, ":now", n(now_ms()));
+        update.set(attr::HEARTBEAT_AT_MS, ":now", n(renewal.at_ms));
         update.set(
             attr::ALIVE_UNTIL_MS,
             ":until",
-            n(now_ms() + renewal.lease_ms),
+            n(renewal.at_ms + renewal.lease_ms),
         );
         update.set(attr::HELD, ":held", n(renewal.held));
         // Each attribute only while it has something: an absent one costs

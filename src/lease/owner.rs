@@ -162,7 +162,6 @@ impl LeaseStore {
     /// Gives the stream up at once: `lease_expires_at_ms = 0`, `last_seq`
     /// advanced to `checkpoint`, and back into an unowned partition if it is
     /// still STARTED, so a peer takes it within one orphan scan.
-    #[tracing::instrument(name = "lease.release", skip_all, fields(stream = %lease.key, token = lease.counter, worker = %lease.owner, reason = reason.as_str()))]
     pub async fn release(
         &self,
         lease: &Lease,
@@ -171,6 +170,22 @@ impl LeaseStore {
         status: &SessionStatus,
         desired: DesiredState,
     ) -> Result<OwnerWrite<()>, StoreError> {
+        self.release_stamped(lease, reason, checkpoint, status, desired, now_ms())
+            .await
+    }
+
+    /// [`Self::release`] with `released_at_ms` given: the time the holder
+    /// took the stream out of the load it publishes (`HeldStream::stamp_release`).
+    #[tracing::instrument(name = "lease.release", skip_all, fields(stream = %lease.key, token = lease.counter, worker = %lease.owner, reason = reason.as_str()))]
+    pub async fn release_stamped(
+        &self,
+        lease: &Lease,
+        reason: ReleaseReason,
+        checkpoint: Option<u64>,
+        status: &SessionStatus,
+        desired: DesiredState,
+        released_at_ms: u64,
+    ) -> Result<OwnerWrite<()>, StoreError> {
         let mut desired = desired;
         let mut checkpoint = checkpoint;
         for _ in 0..MAX_RELEASE_ATTEMPTS {
@@ -178,7 +193,7 @@ impl LeaseStore {
                 set_status(update, status);
                 // `#exp` is the name alias the ownership guard already uses.
                 update.set("#exp", ":zero", n(0));
-                update.set(attr::RELEASED_AT_MS, ":released", n(now_ms()));
+                update.set(attr::RELEASED_AT_MS, ":released", n(released_at_ms));
                 update.set(attr::RELEASE_REASON, ":why", s(reason.as_str()));
                 update.require("desired_state = :desired");
                 update.value(":desired", s(desired.as_str()));

@@ -59,9 +59,10 @@ impl FleetView {
     /// such a stream twice (in its releaser's load and as an orphan) would
     /// see a share above the true one and take streams meant for the worker
     /// they were handed to: a giver took back its peer's released streams
-    /// right after handing its own over. Counting one too few instead (a
-    /// heartbeat that already left out streams being handed over) only has
-    /// the orphan wait out its grace.
+    /// right after handing its own over. Exact because a stream leaves the
+    /// published load at its release stamp and a heartbeat is stamped before
+    /// it counts (`HeldStream::stamp_release`); in the instant between those
+    /// two it errs one too few, which only has the orphan wait out its grace.
     pub(super) fn still_counted(&self, orphan: &StreamRecord) -> bool {
         let (Some(owner), Some(released_at)) =
             (orphan.lease_owner.as_deref(), orphan.released_at_ms)

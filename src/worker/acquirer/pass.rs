@@ -165,6 +165,9 @@ impl Acquirer {
     /// One pass. Errors are logged by the caller; the next pass starts over.
     pub(crate) async fn pass(&mut self) -> Result<(), StoreError> {
         let now = Instant::now();
+        // Every pass, quiet or failing ones too: the peak must cover the
+        // whole window before a handoff, not only the passes that reach one.
+        self.observe_total(now);
         if self.may_stay_quiet(now) && !self.quiet_pass(now).await? {
             let fleet = self.quiet.fleet.clone();
             return self.audit_if_due(now, &fleet).await;
@@ -531,6 +534,7 @@ impl Acquirer {
         let held = HeldStream {
             progress: Arc::new(StreamProgress::new(checkpoint, record.checkpoint)),
             signals: HolderSignals::default(),
+            released_at_ms: Default::default(),
             lease,
         };
         self.registry.insert(held.clone());
@@ -539,19 +543,24 @@ impl Acquirer {
         let _ = self.out.send(Acquired { held, record });
     }
 
+    /// Notes the fleet's total as this worker sees it now (its own staying
+    /// streams and its view of the peers) and returns the recent peak.
+    fn observe_total(&mut self, now: Instant) -> u64 {
+        let staying = self.registry.staying() as u64;
+        let window = self.ctx.settings.heartbeat_interval * PEAK_TOTAL_HEARTBEATS;
+        self.peak_total
+            .observe(now, self.view.total(staying), window)
+    }
+
     /// Above the fair share while a peer is below it: hand some streams over.
     fn hand_over(&mut self) {
         if !self.ctx.settings.rebalance {
             return;
         }
         // The fleet's total as a giver must count it (`peak_total`): never
-        // short by streams in flight between two peers' heartbeats. Seen on
-        // every full pass, whether or not this one may hand over.
+        // short by streams in flight between two peers' heartbeats.
+        let total = self.observe_total(Instant::now());
         let staying = self.registry.staying() as u64;
-        let window = self.ctx.settings.heartbeat_interval * PEAK_TOTAL_HEARTBEATS;
-        let total = self
-            .peak_total
-            .observe(Instant::now(), self.view.total(staying), window);
         // Peers publish their load once a heartbeat: right after streams moved
         // (orphans around, or this worker just took some), the counts are stale
         // and handing over would only move streams twice.

@@ -9,12 +9,14 @@
 //! worker already at its share hands one more over, which the fleet then
 //! hands back: 30 streams on three workers at 10/10/10, seen as
 //! 10 + 10 + 5 while the newcomer's last five were unpublished, made a
-//! worker at 10 compute a share of 9. Whatever the timing, a sum taken while
-//! a stream is in flight is lower than the sums before and after it, so the
-//! peak over a window longer than any such dip is never below the true
-//! total. A peak that is too high (streams were deleted within the window)
-//! only makes a worker hand over fewer for that window; it can never make
-//! one hand over too many.
+//! worker at 10 compute a share of 9. A stream is missing from the sums only
+//! from its giver's lower count being read until its taker's higher one is:
+//! at most two heartbeats while the taker lives. So the peak over a longer
+//! window, sampled every pass (quiet and failed passes too), is at least the
+//! true total unless streams kept moving through the whole window, and a
+//! giver never hands over too many. A sum can also come out high (a taker's
+//! new count read before its giver's, or streams deleted within the window):
+//! that only makes a giver hand over fewer for the window.
 
 use std::collections::VecDeque;
 use std::time::Duration;

@@ -200,6 +200,7 @@ mod tests {
             },
             progress: Arc::new(progress),
             signals: Default::default(),
+            released_at_ms: Default::default(),
         }
     }
 

@@ -194,13 +194,18 @@ impl Liveness {
         let chores_idle = self.chores_finished();
         let metrics = &self.ctx.metrics;
         self.version += 1;
+        // Stamped before the load is counted: a stream whose release is
+        // stamped in between is out of the count and released after the
+        // stamp, which peers read as still counted (one too few, never twice).
+        let at_ms = crate::lease::now_ms();
         let held = self.registry.snapshot();
         let slotted = self.ctx.peers_read_slots.load(Ordering::Relaxed);
         let packed = self.packer.pack(&held, slotted, Instant::now());
         let renewal = Renewal {
             version: self.version,
             lease_ms: self.ctx.settings.lease_duration.as_millis() as u64,
-            held: self.registry.staying() as u64,
+            at_ms,
+            held: self.registry.published() as u64,
             shard0: &packed.shard0,
             checkpoint_shards: packed.shard_count,
             slot_pages: &packed.slot_pages,

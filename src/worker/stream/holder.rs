@@ -492,13 +492,16 @@ impl Holder {
             }
         };
         let label = reason.as_str();
+        // Out of the published load from now; the release says when.
+        let released_at_ms = self.held.stamp_release(crate::lease::now_ms());
         for attempt in 0..RELEASE_ATTEMPTS {
-            let result = Box::pin(self.ctx.store.release(
+            let result = Box::pin(self.ctx.store.release_stamped(
                 &self.held.lease,
                 reason,
                 checkpoint,
                 &status,
                 self.record.desired_state,
+                released_at_ms,
             ))
             .await;
             match result {

@@ -6,7 +6,7 @@ use super::progress::StreamProgress;
 use crate::lease::{Lease, StreamKey};
 use crate::support::lock;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -28,12 +28,38 @@ pub(crate) struct HeldStream {
     pub lease: Lease,
     pub progress: Arc<StreamProgress>,
     pub signals: HolderSignals,
+    /// When its release was stamped (this worker's wall clock, ms; 0 while
+    /// none was): from then on it is out of the load this worker publishes,
+    /// and the release carries the same time as `released_at_ms`, so a peer
+    /// can tell from the two times alone whether a released stream is
+    /// still in the load it last read (`FleetView::still_counted`).
+    pub released_at_ms: Arc<AtomicU64>,
 }
 
 impl HeldStream {
-    /// Not being handed over.
+    /// Not being handed over or released.
     pub(crate) fn staying(&self) -> bool {
-        !self.signals.handoff.is_cancelled()
+        !self.signals.handoff.is_cancelled() && self.published()
+    }
+
+    /// Still in the load this worker publishes: not released yet.
+    pub(crate) fn published(&self) -> bool {
+        self.released_at_ms.load(Ordering::SeqCst) == 0
+    }
+
+    /// Stamps the release at `now_ms` (the first stamp stays: a release
+    /// retried carries the time the stream left the published load) and
+    /// returns the stamp.
+    pub(crate) fn stamp_release(&self, now_ms: u64) -> u64 {
+        match self.released_at_ms.compare_exchange(
+            0,
+            now_ms.max(1),
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        ) {
+            Ok(_) => now_ms.max(1),
+            Err(first) => first,
+        }
     }
 }
 
@@ -76,6 +102,14 @@ impl Registry {
         self.lock().values().filter(|h| h.staying()).count()
     }
 
+    /// Streams whose release was not stamped yet: the load a heartbeat
+    /// publishes. Streams chosen for handoff stay in it until their release
+    /// is stamped, so a peer never finds a stream both out of this load and
+    /// released after the heartbeat that published it.
+    pub(crate) fn published(&self) -> usize {
+        self.lock().values().filter(|h| h.published()).count()
+    }
+
     /// Asks the acquirer to audit this incarnation's streams at its next pass.
     pub(crate) fn request_audit(&self) {
         self.audit_requested.store(true, Ordering::SeqCst);
@@ -88,5 +122,48 @@ impl Registry {
 
     pub(crate) fn snapshot(&self) -> Vec<HeldStream> {
         self.lock().values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::Incarnation;
+
+    fn held(name: &str) -> HeldStream {
+        HeldStream {
+            lease: Lease {
+                key: StreamKey::new("ns", name),
+                owner: Incarnation::new("w"),
+                counter: 1,
+            },
+            progress: Arc::new(StreamProgress::new(None, None)),
+            signals: HolderSignals::default(),
+            released_at_ms: Default::default(),
+        }
+    }
+
+    /// A stream chosen for handoff leaves this worker's own count at once
+    /// and the published load only when its release is stamped; the first
+    /// stamp is the one a retried release carries.
+    #[test]
+    fn a_stream_leaves_the_published_load_at_its_release_stamp() {
+        let registry = Registry::default();
+        let (a, b) = (held("a"), held("b"));
+        registry.insert(a.clone());
+        registry.insert(b.clone());
+        assert_eq!((registry.staying(), registry.published()), (2, 2));
+        a.signals.handoff.cancel();
+        assert_eq!((registry.staying(), registry.published()), (1, 2));
+        assert_eq!(a.stamp_release(5_000), 5_000);
+        assert_eq!((registry.staying(), registry.published()), (1, 1));
+        assert_eq!(
+            a.stamp_release(6_000),
+            5_000,
+            "a retry keeps the first stamp"
+        );
+        // Released without a handoff (stopped, moved): out of both at once.
+        assert_eq!(b.stamp_release(7_000), 7_000);
+        assert_eq!((registry.staying(), registry.published()), (0, 0));
     }
 }
