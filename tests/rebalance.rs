@@ -44,8 +44,11 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
 
     // 30 streams on three workers settle at exactly 10 each (the whole
     // excess moves at once; no worker ends above the share), and only the
-    // excess moves, each stream once: a giver that counted a stream in
-    // flight as missing would hand over one more, which then moves back.
+    // excess moves: a giver that counted a stream in flight as missing
+    // handed one more over, which then moved back (13 to 20 sessions in
+    // loaded runs before). One more is allowed for availability: a newcomer
+    // slower than the rebalance grace loses a stream released for it to a
+    // worker at its share, which hands it on later.
     let sessions_before_join = bed.upstream.sessions().len();
     let mut c = bed.fleet.spawn("c").unwrap();
     Bed::wait(
@@ -58,10 +61,10 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
     // Stable: nothing keeps moving once balanced.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(balanced(10, 3, 0).await, "a balanced fleet moved a stream");
-    assert_eq!(
-        bed.upstream.sessions().len() - sessions_before_join,
-        10,
-        "a worker joining 15/15 should move 10 streams, once each"
+    let moved = bed.upstream.sessions().len() - sessions_before_join;
+    assert!(
+        (10..=11).contains(&moved),
+        "a worker joining 15/15 should move 10 streams (11 at most), moved {moved}"
     );
     let metrics = c.metrics().await.unwrap();
     assert!(metrics.contains("tether_live_workers 3"), "{metrics}");

@@ -13,11 +13,13 @@ pub(super) const PEER_SILENCE_HEARTBEATS: u32 = 3;
 pub(super) const HANDOFF_COOLDOWN_HEARTBEATS: u32 = 2;
 /// A giver computes the fair share from the most streams the fleet was seen
 /// to hold over this many heartbeats (`acquirer::peak_total`): a stream in
-/// flight is missing from the published counts until its taker's next
-/// heartbeat is read, at most two heartbeats after it landed while the
-/// taker is alive (its count a heartbeat old, read at a refresh every
-/// heartbeat); the other two are margin for a slow write or a late pass.
-pub(super) const PEAK_TOTAL_HEARTBEATS: u32 = 4;
+/// flight is missing from the published counts from its release stamp until
+/// a taker acquires it (a few passes) and that taker's next heartbeat is
+/// read (two heartbeats more while it lives). Four were not enough on a
+/// loaded machine: a newcomer took its streams two seconds after their
+/// release and the dip lasted 4.8 heartbeats. A long window costs nothing
+/// while nothing is deleted, as sums known to be high are never kept.
+pub(super) const PEAK_TOTAL_HEARTBEATS: u32 = 8;
 /// A worker hands an extra stream over (below the floor of the mean, see
 /// `fair_share::FleetView::extra_handoff`) at most once per this many handoff
 /// cooldowns.

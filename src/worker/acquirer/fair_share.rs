@@ -23,6 +23,9 @@ pub(super) struct Peer {
     pub progressing: bool,
     /// When it wrote the heartbeat that published `held`, on its own clock.
     pub published_at_ms: u64,
+    /// Its release marker as read with `held` (when it last released
+    /// streams, on its own clock).
+    pub marked_released_at_ms: Option<u64>,
 }
 
 /// What this worker knows about its live peers.
@@ -71,6 +74,17 @@ impl FleetView {
         };
         self.peers.iter().any(|p| {
             p.progressing && p.incarnation.as_str() == owner && released_at >= p.published_at_ms
+        })
+    }
+
+    /// Whether no counted peer is known to publish more than it holds: none
+    /// released streams at or after the heartbeat that published its count
+    /// (its release marker against that heartbeat, both its own clock).
+    /// A sum with such a count in it can be above the true total.
+    pub(super) fn counts_settled(&self) -> bool {
+        self.peers.iter().filter(|p| p.progressing).all(|p| {
+            p.marked_released_at_ms
+                .is_none_or(|marked| marked < p.published_at_ms)
         })
     }
 
@@ -241,6 +255,7 @@ impl FleetView {
                     held: *h,
                     progressing: true,
                     published_at_ms: 0,
+                    marked_released_at_ms: None,
                 })
                 .collect(),
         }

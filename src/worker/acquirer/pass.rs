@@ -548,8 +548,9 @@ impl Acquirer {
     fn observe_total(&mut self, now: Instant) -> u64 {
         let staying = self.registry.staying() as u64;
         let window = self.ctx.settings.heartbeat_interval * PEAK_TOTAL_HEARTBEATS;
+        let settled = self.view.counts_settled();
         self.peak_total
-            .observe(now, self.view.total(staying), window)
+            .observe(now, self.view.total(staying), settled, window)
     }
 
     /// Above the fair share while a peer is below it: hand some streams over.

@@ -10,13 +10,23 @@
 //! hands back: 30 streams on three workers at 10/10/10, seen as
 //! 10 + 10 + 5 while the newcomer's last five were unpublished, made a
 //! worker at 10 compute a share of 9. A stream is missing from the sums only
-//! from its giver's lower count being read until its taker's higher one is:
-//! at most two heartbeats while the taker lives. So the peak over a longer
-//! window, sampled every pass (quiet and failed passes too), is at least the
-//! true total unless streams kept moving through the whole window, and a
-//! giver never hands over too many. A sum can also come out high (a taker's
-//! new count read before its giver's, or streams deleted within the window):
-//! that only makes a giver hand over fewer for the window.
+//! from its release stamp until a taker acquires it and that taker's higher
+//! count is read: a few passes and two heartbeats while the taker lives
+//! (`PEAK_TOTAL_HEARTBEATS` says how long a window covers it). So the peak
+//! over the window, sampled every pass (quiet and failed passes too), is at
+//! least the true total unless streams kept moving, or a taker was slower,
+//! through the whole window, and a giver does not hand over too many.
+//!
+//! A sum can also come out high: a giver's count read before its release
+//! reached it, beside its taker's count read after. Kept in the peak, that
+//! held a newcomer off for the whole window (the join bench's 2 → 3 took
+//! 12.6 s against 4.6 s, the over-count left by the two workers' own
+//! balancing just before). Such a sum is recognisable: the giver's release
+//! marker is at or after the heartbeat that published its count (both its
+//! own clock; `FleetView::counts_settled`). It still counts for the
+//! decision it is seen at (a higher total only ever hands over fewer) but is
+//! not kept. Streams deleted within the window leave a peak that is too
+//! high too: a giver hands over fewer until it ages out.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -30,9 +40,16 @@ pub(super) struct PeakTotal {
 }
 
 impl PeakTotal {
-    /// Records `total` as seen `now` and returns the largest total seen
-    /// within `window` before it (this one included).
-    pub(super) fn observe(&mut self, now: Instant, total: u64, window: Duration) -> u64 {
+    /// Returns the larger of `total` (seen `now`) and the totals kept
+    /// within `window` before it; keeps `total` when it is `settled` (no
+    /// count in it is known to be above what its worker holds).
+    pub(super) fn observe(
+        &mut self,
+        now: Instant,
+        total: u64,
+        settled: bool,
+        window: Duration,
+    ) -> u64 {
         while self
             .seen
             .front()
@@ -40,11 +57,13 @@ impl PeakTotal {
         {
             self.seen.pop_front();
         }
-        while self.seen.back().is_some_and(|(_, t)| *t <= total) {
-            self.seen.pop_back();
+        if settled {
+            while self.seen.back().is_some_and(|(_, t)| *t <= total) {
+                self.seen.pop_back();
+            }
+            self.seen.push_back((now, total));
         }
-        self.seen.push_back((now, total));
-        self.seen.front().map_or(total, |(_, t)| *t)
+        self.seen.front().map_or(total, |(_, t)| total.max(*t))
     }
 }
 
@@ -75,7 +94,7 @@ mod tests {
         let window = Duration::from_secs(3);
         let mut peak = PeakTotal::default();
         let joined = view(&[15, 0]);
-        let total = peak.observe(start, joined.total(15), window);
+        let total = peak.observe(start, joined.total(15), true, window);
         assert_eq!(handoff(&joined, 15, total), 5);
         let lagging = view(&[10, 5]);
         let later = start + Duration::from_millis(1_500);
@@ -84,13 +103,45 @@ mod tests {
             1,
             "the latest sum alone over-gives"
         );
-        let total = peak.observe(later, lagging.total(10), window);
+        let total = peak.observe(later, lagging.total(10), true, window);
         assert_eq!(total, 30);
         assert_eq!(handoff(&lagging, 10, total), 0);
         // Once the newcomer's count is read, the sum is whole again.
         let settled = view(&[10, 10]);
-        let total = peak.observe(later + window * 2, settled.total(10), window);
+        let total = peak.observe(later + window * 2, settled.total(10), true, window);
         assert_eq!(handoff(&settled, 10, total), 0);
+    }
+
+    /// What the join bench caught: two workers had just balanced (the peer
+    /// released 15 of its 30; this worker took them and published 15) when
+    /// a newcomer joined. Read before its release reached its count, the
+    /// peer still showed 30: a sum of 45, kept, gave a share of 15 and no
+    /// handoff for the whole window. Recognised by the peer's release marker
+    /// being after its count's heartbeat, it is used for that one decision
+    /// only.
+    #[test]
+    fn a_sum_with_a_count_above_its_worker_s_holding_is_not_kept() {
+        let start = Instant::now();
+        let window = Duration::from_secs(16);
+        let mut peak = PeakTotal::default();
+        let mut stale = view(&[30]);
+        stale.peers[0].published_at_ms = 1_000;
+        stale.peers[0].marked_released_at_ms = Some(1_500);
+        assert!(!stale.counts_settled());
+        let total = peak.observe(start, stale.total(15), stale.counts_settled(), window);
+        assert_eq!(total, 45, "a higher total is used for the decision at hand");
+        assert_eq!(handoff(&stale, 15, total), 0);
+        let mut fresh = view(&[15, 0]);
+        fresh.peers[0].published_at_ms = 2_000;
+        fresh.peers[0].marked_released_at_ms = Some(1_500);
+        assert!(fresh.counts_settled());
+        let later = start + Duration::from_secs(1);
+        let total = peak.observe(later, fresh.total(15), fresh.counts_settled(), window);
+        assert_eq!(total, 30);
+        assert_eq!(handoff(&fresh, 15, total), 5);
+        // A silent peer's marker does not matter: its count is not in the sum.
+        stale.peers[0].progressing = false;
+        assert!(stale.counts_settled());
     }
 
     #[test]
@@ -99,16 +150,16 @@ mod tests {
         let at = |ms| start + Duration::from_millis(ms);
         let window = Duration::from_secs(3);
         let mut peak = PeakTotal::default();
-        assert_eq!(peak.observe(at(0), 30, window), 30);
+        assert_eq!(peak.observe(at(0), 30, true, window), 30);
         // Streams in flight: the sum dips, the peak holds.
-        assert_eq!(peak.observe(at(1_000), 25, window), 30);
-        assert_eq!(peak.observe(at(2_000), 27, window), 30);
-        assert_eq!(peak.observe(at(3_000), 26, window), 30);
+        assert_eq!(peak.observe(at(1_000), 25, true, window), 30);
+        assert_eq!(peak.observe(at(2_000), 27, true, window), 30);
+        assert_eq!(peak.observe(at(3_000), 26, true, window), 30);
         // The 30 left the window: the largest since then (27, at 2 s).
-        assert_eq!(peak.observe(at(3_001), 26, window), 27);
-        assert_eq!(peak.observe(at(5_001), 26, window), 26);
+        assert_eq!(peak.observe(at(3_001), 26, true, window), 27);
+        assert_eq!(peak.observe(at(5_001), 26, true, window), 26);
         // New streams count at once.
-        assert_eq!(peak.observe(at(5_002), 40, window), 40);
+        assert_eq!(peak.observe(at(5_002), 40, true, window), 40);
         assert_eq!(peak.seen.len(), 1);
     }
 }

@@ -50,6 +50,7 @@ impl Acquirer {
                         held: r.held,
                         progressing: self.observer.progressing(&r.incarnation, now, silence),
                         published_at_ms: r.heartbeat_at_ms,
+                        marked_released_at_ms: r.released_at_ms,
                     })
                     .collect(),
             };
