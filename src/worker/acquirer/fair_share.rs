@@ -72,6 +72,12 @@ impl FleetView {
         else {
             return false;
         };
+        self.publishes_release(owner, released_at)
+    }
+
+    /// Whether the counted peer `owner` still publishes a stream it released
+    /// at `released_at` (its clock): its count's heartbeat is not after it.
+    pub(super) fn publishes_release(&self, owner: &str, released_at: u64) -> bool {
         self.peers.iter().any(|p| {
             p.progressing && p.incarnation.as_str() == owner && released_at >= p.published_at_ms
         })
@@ -86,6 +92,22 @@ impl FleetView {
             p.marked_released_at_ms
                 .is_none_or(|marked| marked < p.published_at_ms)
         })
+    }
+
+    /// How long a stream released to rebalance waits for a worker below its
+    /// share before one at its share (or its releaser) takes it: `passes_ms`,
+    /// or a lease while a live peer is below `fair`, as the stream was
+    /// released for that peer. A newcomer slower than four passes (a loaded
+    /// machine) lost streams released for it to the workers that had just
+    /// let them go, and they moved again. Within a lease a live peer takes
+    /// them or is no longer counted as live; one that cannot (its connection
+    /// limit) costs each such stream a lease, at the extra handoff's rate.
+    pub(super) fn rebalance_grace_ms(&self, fair: u64, passes_ms: u64, lease_ms: u64) -> u64 {
+        if self.peer_below(fair) {
+            passes_ms.max(lease_ms)
+        } else {
+            passes_ms
+        }
     }
 
     /// Whether some progressing peer holds fewer than `fair` streams.
@@ -365,6 +387,17 @@ mod tests {
                 "ns", "new"
             )))
         );
+    }
+
+    #[test]
+    fn a_stream_released_for_a_live_peer_below_its_share_waits_a_lease_for_it() {
+        let newcomer = view(&[10, 0]);
+        assert_eq!(newcomer.rebalance_grace_ms(10, 800, 3_000), 3_000);
+        // Nobody below the share (or the one below is silent): the passes.
+        assert_eq!(view(&[10, 10]).rebalance_grace_ms(10, 800, 3_000), 800);
+        let mut silent = newcomer.clone();
+        silent.peers[1].progressing = false;
+        assert_eq!(silent.rebalance_grace_ms(10, 800, 3_000), 800);
     }
 
     #[test]

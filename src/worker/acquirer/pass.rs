@@ -118,6 +118,8 @@ pub(crate) struct Acquirer {
     pub(super) spread: super::sampling::Spread,
     /// The fleet's recent peak total, which handoffs are computed from.
     pub(super) peak_total: super::peak_total::PeakTotal,
+    /// Streams taken that their releaser may still publish.
+    pub(super) taken: super::peak_total::TakenFromPeers,
 }
 
 impl Acquirer {
@@ -159,6 +161,7 @@ impl Acquirer {
             deferred_handoff: None,
             spread: super::sampling::Spread::default(),
             peak_total: super::peak_total::PeakTotal::default(),
+            taken: super::peak_total::TakenFromPeers::default(),
         }
     }
 
@@ -428,10 +431,14 @@ impl Acquirer {
             .rebalance
             .then(|| self.view.fair_share(staying, uncounted));
         let interval_ms = self.ctx.settings.reconcile_interval.as_millis() as u64;
+        let passes_ms = interval_ms * u64::from(REBALANCE_GRACE_INTERVALS);
+        let lease_ms = self.ctx.settings.lease_duration.as_millis() as u64;
         let mut policy = AcquirePolicy {
             below_share: fair.map(|f| f.saturating_sub(staying)),
             share_grace_ms: interval_ms * u64::from(SHARE_GRACE_INTERVALS),
-            rebalance_grace_ms: interval_ms * u64::from(REBALANCE_GRACE_INTERVALS),
+            rebalance_grace_ms: fair.map_or(passes_ms, |f| {
+                self.view.rebalance_grace_ms(f, passes_ms, lease_ms)
+            }),
         };
         let rate = super::pacing::PARTITION_WRITE_BUDGET / self.view.live() as f64;
         let mut chosen = Vec::new();
@@ -479,6 +486,7 @@ impl Acquirer {
                     };
                     tracing::info!(stream = %lease.key, token = lease.counter, from = ?c.orphan, "acquired");
                     self.last_acquired = Some(Instant::now());
+                    self.taken.took(&c.record);
                     if matches!(c.orphan, Orphan::Moved { .. }) {
                         self.moved_in.insert(lease.key.clone());
                     }
@@ -549,8 +557,12 @@ impl Acquirer {
         let staying = self.registry.staying() as u64;
         let window = self.ctx.settings.heartbeat_interval * PEAK_TOTAL_HEARTBEATS;
         let settled = self.view.counts_settled();
-        self.peak_total
-            .observe(now, self.view.total(staying), settled, window)
+        let registry = &self.registry;
+        let twice = self
+            .taken
+            .counted_twice(&self.view, |key| registry.contains(key));
+        let total = self.view.total(staying).saturating_sub(twice);
+        self.peak_total.observe(now, total, settled, window)
     }
 
     /// Above the fair share while a peer is below it: hand some streams over.

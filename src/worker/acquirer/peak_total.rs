@@ -28,9 +28,49 @@
 //! not kept. Streams deleted within the window leave a peak that is too
 //! high too: a giver hands over fewer until it ages out.
 
-use std::collections::VecDeque;
+use super::fair_share::FleetView;
+use crate::lease::{StreamKey, StreamRecord};
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// Streams this worker took from a live peer's release, with the releaser
+/// and the release stamp: this worker counts them at once, the releaser
+/// until its first heartbeat after the stamp. A sum taken in between has
+/// them twice, and kept in the peak it held a newcomer off for the whole
+/// window (the join bench's 2 → 3 took 28 s: this worker had just taken
+/// streams in the two workers' own balancing, its view read before the
+/// releaser's marker). They are taken out of the sum until the releaser's
+/// count no longer has them.
+#[derive(Debug, Default)]
+pub(super) struct TakenFromPeers {
+    taken: HashMap<StreamKey, (String, u64)>,
+}
+
+impl TakenFromPeers {
+    /// Notes a stream acquired as `record` showed it (its last owner and
+    /// release stamp, if it was released).
+    pub(super) fn took(&mut self, record: &StreamRecord) {
+        if let (Some(owner), Some(released_at)) =
+            (record.lease_owner.clone(), record.released_at_ms)
+        {
+            self.taken.insert(record.key.clone(), (owner, released_at));
+        }
+    }
+
+    /// How many of the streams taken, still held (`held`), `view` counts
+    /// twice; forgets the rest.
+    pub(super) fn counted_twice(
+        &mut self,
+        view: &FleetView,
+        held: impl Fn(&StreamKey) -> bool,
+    ) -> u64 {
+        self.taken.retain(|key, (owner, released_at)| {
+            held(key) && view.publishes_release(owner, *released_at)
+        });
+        self.taken.len() as u64
+    }
+}
 
 /// Recent totals, newest last, each larger than every later one (the front
 /// is the peak): at most one entry per distinct value still in the window.
@@ -142,6 +182,38 @@ mod tests {
         // A silent peer's marker does not matter: its count is not in the sum.
         stale.peers[0].progressing = false;
         assert!(stale.counts_settled());
+    }
+
+    /// Streams this worker took are out of the sum while their releaser's
+    /// count still has them, and forgotten once it does not, or once they
+    /// are no longer held.
+    #[test]
+    fn a_stream_taken_from_a_peer_is_counted_once() {
+        use crate::lease::{Incarnation, ReleaseReason};
+        let releaser = Incarnation::new("b");
+        let released = |name: &str| StreamRecord {
+            lease_owner: Some(releaser.to_string()),
+            release_reason: Some(ReleaseReason::Rebalance),
+            released_at_ms: Some(1_500),
+            ..StreamRecord::for_test(StreamKey::new("ns", name))
+        };
+        let mut taken = TakenFromPeers::default();
+        taken.took(&released("s1"));
+        taken.took(&released("s2"));
+        taken.took(&StreamRecord::for_test(StreamKey::new("ns", "new")));
+        let mut stale = view(&[15]);
+        stale.peers[0].incarnation = releaser.clone();
+        stale.peers[0].published_at_ms = 1_000;
+        // This worker holds 17 of them with the two; the releaser still shows 15.
+        assert_eq!(taken.counted_twice(&stale, |_| true), 2);
+        assert_eq!(stale.total(17) - 2, 30);
+        // s2 was handed on meanwhile: not held, not counted, forgotten.
+        let only_s1 = |k: &StreamKey| k.name == "s1";
+        assert_eq!(taken.counted_twice(&stale, only_s1), 1);
+        let mut fresh = stale.clone();
+        fresh.peers[0].published_at_ms = 2_000;
+        assert_eq!(taken.counted_twice(&fresh, |_| true), 0);
+        assert_eq!(taken.counted_twice(&stale, |_| true), 0, "forgotten");
     }
 
     #[test]
