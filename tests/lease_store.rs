@@ -78,6 +78,7 @@ async fn an_owner_write_waiting_for_its_turn_holds_no_request() {
         Some(6),
         &status,
         DesiredState::Started,
+        tether::lease::now_ms(),
     );
     let sizes = [
         ("write_status", std::mem::size_of_val(&write)),
@@ -142,6 +143,7 @@ async fn exactly_one_of_eight_racing_workers_wins_each_round() {
                 None,
                 &SessionStatus::default(),
                 DesiredState::Started,
+                tether::lease::now_ms(),
             )
             .await
             .unwrap();
@@ -201,7 +203,8 @@ async fn two_processes_started_with_one_worker_id_are_two_owners() {
                 ReleaseReason::Shutdown,
                 None,
                 &status,
-                DesiredState::Started
+                DesiredState::Started,
+                tether::lease::now_ms(),
             )
             .await
             .unwrap(),
@@ -275,6 +278,7 @@ async fn a_release_is_final_keeps_the_checkpoint_and_frees_the_stream_at_once() 
             Some(42),
             &status,
             DesiredState::Started,
+            tether::lease::now_ms(),
         )
     };
     assert_eq!(release().await.unwrap(), OwnerWrite::Done(()));
@@ -339,6 +343,7 @@ async fn checkpoints_never_move_last_seq_backwards_and_zero_is_a_checkpoint() {
             Some(7),
             &SessionStatus::default(),
             DesiredState::Started,
+            tether::lease::now_ms(),
         )
         .await
         .unwrap();
@@ -510,6 +515,7 @@ async fn fencing_tokens_keep_growing_across_delete_and_recreate() {
             Some(5),
             &SessionStatus::default(),
             DesiredState::Started,
+            tether::lease::now_ms(),
         )
         .await
         .unwrap();
@@ -1378,7 +1384,7 @@ async fn a_release_and_a_renewal_carry_the_times_their_worker_stamped() {
     let mine = &published.workers[0];
     assert_eq!((mine.heartbeat_at_ms, mine.held), (1_000, 1));
     let released = store
-        .release_stamped(
+        .release(
             &lease,
             ReleaseReason::Rebalance,
             Some(3),

@@ -162,22 +162,11 @@ impl LeaseStore {
     /// Gives the stream up at once: `lease_expires_at_ms = 0`, `last_seq`
     /// advanced to `checkpoint`, and back into an unowned partition if it is
     /// still STARTED, so a peer takes it within one orphan scan.
-    pub async fn release(
-        &self,
-        lease: &Lease,
-        reason: ReleaseReason,
-        checkpoint: Option<u64>,
-        status: &SessionStatus,
-        desired: DesiredState,
-    ) -> Result<OwnerWrite<()>, StoreError> {
-        self.release_stamped(lease, reason, checkpoint, status, desired, now_ms())
-            .await
-    }
-
-    /// [`Self::release`] with `released_at_ms` given: the time the holder
-    /// took the stream out of the load it publishes (`HeldStream::stamp_release`).
+    /// `released_at_ms` is when the holder took the stream out of the load
+    /// it publishes (`HeldStream::stamp_release`), so peers can tell whether
+    /// that load still has it.
     #[tracing::instrument(name = "lease.release", skip_all, fields(stream = %lease.key, token = lease.counter, worker = %lease.owner, reason = reason.as_str()))]
-    pub async fn release_stamped(
+    pub async fn release(
         &self,
         lease: &Lease,
         reason: ReleaseReason,

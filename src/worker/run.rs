@@ -391,6 +391,7 @@ async fn final_audit(ctx: &WorkerCtx, registry: &Registry, acquirer: &Acquirer) 
                 checkpoint,
                 &status,
                 record.desired_state,
+                crate::lease::now_ms(),
             )
             .await
         {

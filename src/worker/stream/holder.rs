@@ -495,7 +495,7 @@ impl Holder {
         // Out of the published load from now; the release says when.
         let released_at_ms = self.held.stamp_release(crate::lease::now_ms());
         for attempt in 0..RELEASE_ATTEMPTS {
-            let result = Box::pin(self.ctx.store.release_stamped(
+            let result = Box::pin(self.ctx.store.release(
                 &self.held.lease,
                 reason,
                 checkpoint,
