@@ -115,28 +115,38 @@ impl Spread {
     }
 }
 
-/// A random string between `lo` and `hi` (by bytes), or `None` when there is
-/// no room between them or they are not plain ASCII: after their common
-/// prefix, a byte between theirs, then bytes between theirs at each place
-/// (stream keys share a shape, so this lands among them). In a store that
-/// keeps a partition in hash order (DynamoDB) any such key is a random place.
+/// A random key between `lo` and `hi` inclusive (by bytes), or `None` when
+/// there is no room between them or either is not printable ASCII: after
+/// their common prefix, a byte between theirs, then at each place a byte no
+/// lower than `lo`'s while the key still follows `lo`, and no higher than
+/// `hi`'s while it still follows `hi` (ending where `hi` ends), so the key
+/// never leaves the bounds. Stream keys share a shape, so this lands among
+/// them; in a store that keeps a partition in hash order (DynamoDB) any such
+/// key is a random place.
 pub(super) fn between(lo: &str, hi: &str, rng: &mut impl Rng) -> Option<String> {
+    // Printable only: a key is a DynamoDB string and may be logged.
+    let printable = |k: &[u8]| k.iter().all(|b| (b'!'..=b'~').contains(b));
     let (lo, hi) = (lo.as_bytes(), hi.as_bytes());
-    if lo >= hi || !lo.is_ascii() || !hi.is_ascii() {
+    if lo >= hi || !printable(lo) || !printable(hi) {
         return None;
     }
     let common = lo.iter().zip(hi).take_while(|(a, b)| a == b).count();
-    let mut out = lo[..common].to_vec();
-    // Printable ASCII only: a key is a DynamoDB string and may be logged.
-    let range = |a: Option<&u8>, b: Option<&u8>| {
-        let (a, b) = (*a.unwrap_or(&b'!'), *b.unwrap_or(&b'~'));
-        (a.clamp(b'!', b'~'), b.clamp(b'!', b'~'))
-    };
-    let (a, b) = range(lo.get(common), hi.get(common));
-    out.push(rng.random_range(a.min(b)..=a.max(b)));
-    for i in common + 1..lo.len().max(hi.len()).max(common + 8) {
-        let (a, b) = range(lo.get(i), hi.get(i));
-        out.push(rng.random_range(a.min(b)..=a.max(b)));
+    let mut out = Vec::with_capacity(lo.len().max(hi.len()).max(common + 8));
+    let (mut on_lo, mut on_hi) = (true, true);
+    for i in 0..out.capacity() {
+        let high = match (on_hi, hi.get(i)) {
+            (true, None) => break,
+            (true, Some(&h)) => h,
+            (false, _) => b'~',
+        };
+        let low = match (on_lo, lo.get(i)) {
+            (true, Some(&l)) => l,
+            _ => b'!',
+        };
+        let byte = rng.random_range(low..=high);
+        on_lo &= lo.get(i) == Some(&byte);
+        on_hi &= hi.get(i) == Some(&byte);
+        out.push(byte);
     }
     String::from_utf8(out).ok()
 }
@@ -192,6 +202,28 @@ mod tests {
     }
 
     #[test]
+    fn a_random_key_never_leaves_its_bounds() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let pairs = [
+            ("STREAM#a/a", "STREAM#a/z"),
+            ("STREAM#a/a", "STREAM#a/b"),
+            ("STREAM#a/az", "STREAM#a/b"),
+            ("STREAM#a/y", "STREAM#a/z0"),
+            ("a", "ab"),
+            ("STREAM#scale/s000000", "STREAM#scale/s099999"),
+        ];
+        for (lo, hi) in pairs {
+            for _ in 0..5_000 {
+                let k = between(lo, hi, &mut rng).unwrap();
+                assert!(
+                    (lo..=hi).contains(&k.as_str()),
+                    "{k} is outside {lo}..={hi}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn no_start_without_room_between_the_bounds() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         assert_eq!(between("b", "a", &mut rng), None);
@@ -218,7 +250,7 @@ mod tests {
         assert!(!spread.note("UNOWNED#1", false, None));
         let start = spread.start("UNOWNED#1").unwrap();
         assert!(
-            start.as_str() > "STREAM#a/" && start.as_str() <= "STREAM#a/z~",
+            ("STREAM#a/a"..="STREAM#a/z").contains(&start.as_str()),
             "{start}"
         );
         assert!(!spread.note("UNOWNED#1", true, None));
