@@ -1380,7 +1380,8 @@ async fn a_release_and_a_renewal_carry_the_times_their_worker_stamped() {
         ..renewal(1)
     };
     store.renew(&me, &renewed).await.unwrap();
-    let published = store.watch(std::slice::from_ref(&me)).await.unwrap();
+    let published = store.watch(std::slice::from_ref(&me), false).await.unwrap();
+    assert_eq!(published.changes, None, "the counter was not asked for");
     let mine = &published.workers[0];
     assert_eq!((mine.heartbeat_at_ms, mine.held), (1_000, 1));
     let released = store

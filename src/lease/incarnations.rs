@@ -95,8 +95,8 @@ fn parse_workers(items: Vec<Item>) -> Vec<WorkerRecord> {
 /// What one watch read found: the change counter and the watched peers' items.
 #[derive(Debug, Default)]
 pub struct Watched {
-    /// The change counter (0 before its first move).
-    pub changes: u64,
+    /// The change counter (0 before its first move), when it was asked for.
+    pub changes: Option<u64>,
     pub workers: Vec<WorkerRecord>,
 }
 
@@ -307,14 +307,26 @@ impl LeaseStore {
         Ok(parse_workers(items))
     }
 
-    /// The change counter and several workers' items, in one request per
-    /// hundred keys (eventually consistent, as [`LeaseStore::workers`]; a
-    /// stale counter only delays a pickup until the next read).
-    pub async fn watch(&self, who: &[Incarnation]) -> Result<Watched, StoreError> {
+    /// Several workers' items and, when `with_changes`, the change counter,
+    /// in one request per hundred keys (eventually consistent, as
+    /// [`LeaseStore::workers`]; a stale counter only delays a pickup until
+    /// the next read). The counter read alone counts as `read_changes`.
+    pub async fn watch(
+        &self,
+        who: &[Incarnation],
+        with_changes: bool,
+    ) -> Result<Watched, StoreError> {
         let mut keys = worker_keys(who);
-        keys.push(changes_key());
+        if with_changes {
+            keys.push(changes_key());
+        }
+        let operation = if who.is_empty() {
+            "read_changes"
+        } else {
+            "batch_get_workers"
+        };
         let (counter, workers): (Vec<Item>, Vec<Item>) = self
-            .batch_get("batch_get_workers", keys)
+            .batch_get(operation, keys)
             .await?
             .into_iter()
             .partition(|item| {
@@ -324,7 +336,7 @@ impl LeaseStore {
                     == Some(CHANGES_PK)
             });
         Ok(Watched {
-            changes: counter.first().map_or(0, changes_of),
+            changes: with_changes.then(|| counter.first().map_or(0, changes_of)),
             workers: parse_workers(workers),
         })
     }

@@ -1,7 +1,8 @@
 //! Taking streams: the acquisition pass (`pass`), fair share (`fair_share`,
 //! with the total a giver counts in `peak_total`),
 //! reading peers and the fleet view (`peers`), declaring the overdue dead on
-//! this worker's monotonic clock (`overdue`), what departed incarnations left
+//! this worker's monotonic clock (`overdue`, with when a watched peer is next
+//! read in `renewal_forecast`), what departed incarnations left
 //! (`departed`), the pace of acquires (`pacing`), how much of an orphan
 //! partition a pass reads (`sampling`), and when a pass may skip
 //! the fleet's reads (`quiet`, with what it remembers in `quiet_state`).
@@ -15,6 +16,7 @@ mod peak_total;
 mod peers;
 mod quiet;
 mod quiet_state;
+mod renewal_forecast;
 mod sampling;
 
 pub(super) use pass::{Acquired, Acquirer};

@@ -6,46 +6,74 @@
 //! which is before anyone could read it), so declaring it dead then is safe
 //! whatever the wall clocks say. The declaration is a conditional write on the
 //! version watched, so a renewal that lands first wins.
+//!
+//! It also says when a quiet worker next reads a watched peer: just after its
+//! next renewal lands, by the peer's own stamps (`renewal_forecast`).
 
+use super::renewal_forecast::Forecast;
 use crate::lease::{Incarnation, WorkerRecord};
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::time::Instant;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Seen {
     version: u64,
     since: Instant,
+    forecast: Forecast,
 }
 
 /// Versions seen per peer, and since when.
 #[derive(Debug)]
 pub(super) struct Observer {
     lease: Duration,
+    /// This worker's heartbeat: a peer's cadence until its stamps tell.
+    heartbeat: Duration,
     seen: HashMap<Incarnation, Seen>,
 }
 
 impl Observer {
-    pub(super) fn new(lease: Duration) -> Self {
+    pub(super) fn new(lease: Duration, heartbeat: Duration) -> Self {
         Self {
             lease,
+            heartbeat,
             seen: HashMap::new(),
         }
     }
 
     /// Records a read of a peer's item made at `now`.
     pub(super) fn observe(&mut self, peer: &WorkerRecord, now: Instant) {
-        let seen = self.seen.entry(peer.incarnation.clone()).or_insert(Seen {
-            version: peer.heartbeat_version,
-            since: now,
-        });
-        // A stale read (an older version) changes nothing.
-        if peer.heartbeat_version > seen.version {
-            *seen = Seen {
+        let Some(seen) = self.seen.get_mut(&peer.incarnation) else {
+            let seen = Seen {
                 version: peer.heartbeat_version,
                 since: now,
+                forecast: Forecast::first(peer.heartbeat_at_ms),
             };
+            self.seen.insert(peer.incarnation.clone(), seen);
+            return;
+        };
+        match peer.heartbeat_version.cmp(&seen.version) {
+            std::cmp::Ordering::Greater => {
+                let moved = peer.heartbeat_version - seen.version;
+                let sent = peer.heartbeat_at_ms;
+                seen.forecast.renewed(moved, sent, now, self.heartbeat);
+                seen.version = peer.heartbeat_version;
+                seen.since = now;
+            }
+            std::cmp::Ordering::Equal => seen.forecast.missed(now),
+            // A stale read (an older version) changes nothing.
+            std::cmp::Ordering::Less => {}
         }
+    }
+
+    /// Whether a quiet pass should read `peer` now: never read, or its next
+    /// renewal should have landed (and, until it shows, every pass).
+    pub(super) fn due(&self, peer: &Incarnation, now: Instant) -> bool {
+        self.seen.get(peer).is_none_or(|s| {
+            s.forecast
+                .next_read_at(self.heartbeat)
+                .is_none_or(|at| now >= at)
+        })
     }
 
     /// Peers whose version stood still for a whole lease, with that version.
@@ -113,7 +141,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_peer_is_overdue_only_after_a_whole_lease_without_progress() {
         let peer = Incarnation::new("p");
-        let mut o = Observer::new(Duration::from_secs(8));
+        let mut o = Observer::new(Duration::from_secs(8), Duration::from_secs(4));
         o.observe(&record(&peer, 3), Instant::now());
         tokio::time::advance(Duration::from_secs(5)).await;
         o.observe(&record(&peer, 3), Instant::now());
@@ -127,6 +155,38 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(o.overdue(Instant::now()), vec![(peer.clone(), 4)]);
         assert!(!o.progressing(&peer, Instant::now(), Duration::from_secs(4)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watched_peer_is_read_when_its_next_renewal_is_due_and_every_pass_until_it_shows() {
+        let peer = Incarnation::new("p");
+        let heartbeat = Duration::from_secs(4);
+        let mut o = Observer::new(Duration::from_secs(8), heartbeat);
+        assert!(o.due(&peer, Instant::now()), "a peer never read is due");
+        o.observe(&record(&peer, 1), Instant::now());
+        assert!(o.due(&peer, Instant::now()), "when it landed is not known");
+        // A read that still shows version 1 bounds when version 2 lands.
+        tokio::time::advance(Duration::from_millis(250)).await;
+        o.observe(&record(&peer, 1), Instant::now());
+        let missed = Instant::now();
+        tokio::time::advance(Duration::from_millis(250)).await;
+        o.observe(&record(&peer, 2), Instant::now());
+        // Version 3 is due a heartbeat after that miss, not before.
+        assert!(!o.due(&peer, missed + heartbeat - Duration::from_millis(1)));
+        assert!(o.due(&peer, missed + heartbeat));
+        // Read then and not renewed yet: due at every pass after.
+        tokio::time::advance(heartbeat - Duration::from_millis(250)).await;
+        o.observe(&record(&peer, 2), Instant::now());
+        tokio::time::advance(Duration::from_millis(250)).await;
+        assert!(o.due(&peer, Instant::now()));
+        // The death verdict still runs a whole lease from the read that
+        // first showed the last version.
+        let shown = missed + Duration::from_millis(250);
+        assert!(o.overdue(shown + Duration::from_millis(7_999)).is_empty());
+        assert_eq!(
+            o.overdue(shown + Duration::from_secs(8)),
+            vec![(peer.clone(), 2)]
+        );
     }
 
     #[test]

@@ -132,12 +132,13 @@ impl Acquirer {
         fence: Arc<Fence>,
     ) -> Self {
         let lease = ctx.settings.lease_duration;
+        let heartbeat = ctx.settings.heartbeat_interval;
         Self {
             ctx,
             me,
             registry,
             out,
-            observer: Observer::new(lease),
+            observer: Observer::new(lease, heartbeat),
             view: FleetView::default(),
             pending: HashMap::new(),
             markers: HashMap::new(),

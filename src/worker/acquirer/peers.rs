@@ -32,10 +32,12 @@ impl Acquirer {
         } else {
             successors(&self.me, &live, WATCHED_PEERS)
         };
-        let read = self.ctx.store.watch(&to_read).await?;
+        let read = self.ctx.store.watch(&to_read, true).await?;
         let records = read.workers;
         let now = Instant::now();
-        self.quiet.saw(read.changes, now);
+        if let Some(changes) = read.changes {
+            self.quiet.saw(changes, now);
+        }
         for r in &records {
             self.observer.observe(r, now);
         }

@@ -1,5 +1,5 @@
 //! Quiet passes: at steady state a worker reads the fleet's change counter
-//! and the peers it watches, in one request every other pass, instead of
+//! every other pass and each peer it watches around its renewals, instead of
 //! querying the fleet and the unowned partitions every pass.
 //!
 //! A pass is *full* (today's reads: fleet, peers, unowned partitions,
@@ -12,7 +12,10 @@
 //! release runs (it does not move the counter), or the last full pass is
 //! [`FULL_PASS_PERIOD`] old (a bump lost with its writer, or a writer of an
 //! earlier release, costs at most that). Otherwise the pass is *quiet*: it
-//! reads the counter and the watched peers every [`WATCH_PERIOD`].
+//! reads the counter every [`WATCH_PERIOD`], and a watched peer just after
+//! its next renewal should have landed and at every pass after until it
+//! shows (`renewal_forecast`): about twice per heartbeat rather than at
+//! every watch read.
 //!
 //! Reads only ever decide *when* to look: every ownership change is still a
 //! conditional write, so a quiet pass can delay a pickup and never cause an
@@ -21,7 +24,7 @@
 use super::overdue::successors;
 use super::pass::{Acquirer, live_incarnations};
 use super::quiet_state::{BUSY_AT_LEAST, BUSY_HEARTBEATS, WATCH_PERIOD, WATCHED_PEERS};
-use crate::lease::{StoreError, WorkerState};
+use crate::lease::{Incarnation, StoreError, WorkerState};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -50,27 +53,35 @@ impl Acquirer {
             && (!self.ctx.settings.rebalance || self.view.balanced(staying))
     }
 
-    /// A quiet pass: reads the counter and the watched peers when due; `true`
-    /// when what it read calls for a full pass.
+    /// A quiet pass: reads the counter every [`WATCH_PERIOD`] and each
+    /// watched peer once its next renewal is due (see `renewal_forecast`),
+    /// in one request when both are due; `true` when what it read calls for
+    /// a full pass.
     pub(super) async fn quiet_pass(&mut self, now: Instant) -> Result<bool, StoreError> {
-        if self
+        let counter_due = self
             .quiet
             .last_watch
-            .is_some_and(|t| now.duration_since(t) < WATCH_PERIOD)
-        {
-            return Ok(false);
-        }
+            .is_none_or(|t| now.duration_since(t) >= WATCH_PERIOD);
         let live = live_incarnations(&self.quiet.fleet);
         let watched = successors(&self.me, &live, WATCHED_PEERS);
-        let read = self.ctx.store.watch(&watched).await?;
+        let due: Vec<Incarnation> = watched
+            .iter()
+            .filter(|p| self.observer.due(p, now))
+            .cloned()
+            .collect();
+        if !counter_due && due.is_empty() {
+            return Ok(false);
+        }
+        let read = self.ctx.store.watch(&due, counter_due).await?;
         let now = Instant::now();
         for r in &read.workers {
             self.observer.observe(r, now);
         }
-        let moved = self.quiet.saw(read.changes, now);
-        // Only the watched peers are read here: the others' versions are
+        let moved = read.changes.is_some_and(|c| self.quiet.saw(c, now));
+        // Only the watched peers are judged here: the others' versions are
         // as old as the last full pass, and are their own watchers' to judge.
-        let trouble = read.workers.len() < watched.len()
+        // A watched peer not read now is not due, so not overdue either.
+        let trouble = read.workers.len() < due.len()
             || read.workers.iter().any(|r| r.state != WorkerState::Live)
             || self
                 .observer

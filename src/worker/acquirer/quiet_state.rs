@@ -6,10 +6,9 @@ use crate::lease::{FleetEntry, Incarnation, WorkerRecord, WorkerState};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// How often a quiet worker reads the change counter and its watched peers:
-/// what a change waits before quiet peers see it (a drain's releases, a new
-/// stream), and how late a watched peer's renewal is first seen (so how
-/// much later than a lease of silence its death is declared).
+/// How often a quiet worker reads the change counter: what a change waits
+/// before quiet peers see it (a drain's releases, a new stream). Watched
+/// peers are read on their own schedule (`renewal_forecast`).
 pub(super) const WATCH_PERIOD: Duration = Duration::from_millis(500);
 /// Longest time between two full passes.
 pub(super) const FULL_PASS_PERIOD: Duration = Duration::from_secs(30);

@@ -176,7 +176,9 @@ fn markdown(r: &Value) -> String {
         ));
     }
     if let Some(c) = res.get("dynamodb_cost").and_then(Value::as_object) {
-        md.push_str("## DynamoDB cost at steady state (capacity model meter; 2 workers; 1 message/s per stream unless idle)\n\n| design | streams per worker | write units per stream-hour | read units per stream-hour | read units per worker-hour | hottest key WCU/s | $/month for 10,000 streams | acquires + releases in the window |\n|---|---|---|---|---|---|---|---|\n");
+        let workers = c.values().find_map(|x| x["workers"].as_u64()).unwrap_or(0);
+        md.push_str(&format!("## DynamoDB cost at steady state (capacity model meter; {workers} workers; 1 message/s per stream unless idle)\n\n"));
+        md.push_str("| design | streams per worker | write units per stream-hour | read units per stream-hour | read units per worker-hour | hottest key WCU/s | $/month for 10,000 streams | acquires + releases in the window |\n|---|---|---|---|---|---|---|---|\n");
         for (label, x) in c.iter().filter(|(k, _)| *k != "prices") {
             let design = WITH_BASELINE
                 .iter()
