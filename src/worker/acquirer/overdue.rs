@@ -41,13 +41,15 @@ impl Observer {
         }
     }
 
-    /// Records a read of a peer's item made at `now`.
-    pub(super) fn observe(&mut self, peer: &WorkerRecord, now: Instant) {
+    /// Records a read of a peer's item sent at `asked` and answered at
+    /// `now`: a version first shown counts from `now` (it was surely sent
+    /// before), a version shown again bounds the next from `asked`.
+    pub(super) fn observe(&mut self, peer: &WorkerRecord, asked: Instant, now: Instant) {
         let Some(seen) = self.seen.get_mut(&peer.incarnation) else {
             let seen = Seen {
                 version: peer.heartbeat_version,
                 since: now,
-                forecast: Forecast::first(peer.heartbeat_at_ms),
+                forecast: Forecast::first(peer.heartbeat_at_ms, asked),
             };
             self.seen.insert(peer.incarnation.clone(), seen);
             return;
@@ -60,7 +62,7 @@ impl Observer {
                 seen.version = peer.heartbeat_version;
                 seen.since = now;
             }
-            std::cmp::Ordering::Equal => seen.forecast.missed(now),
+            std::cmp::Ordering::Equal => seen.forecast.missed(asked),
             // A stale read (an older version) changes nothing.
             std::cmp::Ordering::Less => {}
         }
@@ -142,16 +144,16 @@ mod tests {
     async fn a_peer_is_overdue_only_after_a_whole_lease_without_progress() {
         let peer = Incarnation::new("p");
         let mut o = Observer::new(Duration::from_secs(8), Duration::from_secs(4));
-        o.observe(&record(&peer, 3), Instant::now());
+        o.observe(&record(&peer, 3), Instant::now(), Instant::now());
         tokio::time::advance(Duration::from_secs(5)).await;
-        o.observe(&record(&peer, 3), Instant::now());
+        o.observe(&record(&peer, 3), Instant::now(), Instant::now());
         assert!(o.overdue(Instant::now()).is_empty());
         // It renewed: the watch starts over from this read.
-        o.observe(&record(&peer, 4), Instant::now());
+        o.observe(&record(&peer, 4), Instant::now(), Instant::now());
         tokio::time::advance(Duration::from_secs(7)).await;
         assert!(o.overdue(Instant::now()).is_empty());
         // A stale read of an older version does not reset or confuse it.
-        o.observe(&record(&peer, 2), Instant::now());
+        o.observe(&record(&peer, 2), Instant::now(), Instant::now());
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(o.overdue(Instant::now()), vec![(peer.clone(), 4)]);
         assert!(!o.progressing(&peer, Instant::now(), Duration::from_secs(4)));
@@ -163,20 +165,20 @@ mod tests {
         let heartbeat = Duration::from_secs(4);
         let mut o = Observer::new(Duration::from_secs(8), heartbeat);
         assert!(o.due(&peer, Instant::now()), "a peer never read is due");
-        o.observe(&record(&peer, 1), Instant::now());
+        o.observe(&record(&peer, 1), Instant::now(), Instant::now());
         assert!(o.due(&peer, Instant::now()), "when it landed is not known");
         // A read that still shows version 1 bounds when version 2 lands.
         tokio::time::advance(Duration::from_millis(250)).await;
-        o.observe(&record(&peer, 1), Instant::now());
+        o.observe(&record(&peer, 1), Instant::now(), Instant::now());
         let missed = Instant::now();
         tokio::time::advance(Duration::from_millis(250)).await;
-        o.observe(&record(&peer, 2), Instant::now());
+        o.observe(&record(&peer, 2), Instant::now(), Instant::now());
         // Version 3 is due a heartbeat after that miss, not before.
         assert!(!o.due(&peer, missed + heartbeat - Duration::from_millis(1)));
         assert!(o.due(&peer, missed + heartbeat));
         // Read then and not renewed yet: due at every pass after.
         tokio::time::advance(heartbeat - Duration::from_millis(250)).await;
-        o.observe(&record(&peer, 2), Instant::now());
+        o.observe(&record(&peer, 2), Instant::now(), Instant::now());
         tokio::time::advance(Duration::from_millis(250)).await;
         assert!(o.due(&peer, Instant::now()));
         // The death verdict still runs a whole lease from the read that
@@ -187,6 +189,92 @@ mod tests {
             o.overdue(shown + Duration::from_secs(8)),
             vec![(peer.clone(), 2)]
         );
+    }
+
+    /// A peer renewing every 4 s whose writes land 5–80 ms after they are
+    /// sent, watched by passes every 250 ms ± 25% that read it when due;
+    /// each read takes 2–40 ms and is served at a random point of it, and
+    /// one in `stale_one_in` reads still shows the version before one that
+    /// landed within the last second. Returns how late each renewal was first
+    /// shown after it landed, and the reads made.
+    fn simulate(renewals: u32, stale_one_in: u32, seed: u64) -> (Vec<Duration>, u32) {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let heartbeat = Duration::from_secs(4);
+        let peer = Incarnation::new("p");
+        let mut o = Observer::new(Duration::from_secs(8), heartbeat);
+        let start = Instant::now();
+        let landed: Vec<Instant> = (0..=renewals)
+            .map(|v| start + heartbeat * v + Duration::from_millis(rng.random_range(5..80)))
+            .collect();
+        let ms = |d: Duration| d.as_millis() as u64;
+        let mut now = landed[0];
+        let (mut shown, mut lateness, mut reads) = (0u32, Vec::new(), 0u32);
+        while (shown as usize) < renewals as usize {
+            now += Duration::from_millis(250).mul_f64(rng.random_range(0.75..1.25));
+            if !o.due(&peer, now) {
+                continue;
+            }
+            reads += 1;
+            let took = Duration::from_millis(rng.random_range(2..40));
+            let served = now + took.mul_f64(rng.random_range(0.0..1.0));
+            let answered = now + took;
+            let newest = (0..=renewals).rev().find(|v| landed[*v as usize] <= served);
+            let Some(mut version) = newest else { continue };
+            let fresh = served - landed[version as usize] < Duration::from_secs(1);
+            if version > 0 && fresh && rng.random_range(0..stale_one_in) == 0 {
+                version -= 1;
+            }
+            let item = WorkerRecord {
+                heartbeat_at_ms: 1_000_000 + ms(heartbeat * version),
+                ..record(&peer, u64::from(version))
+            };
+            o.observe(&item, now, answered);
+            if version > shown {
+                lateness.push(answered - landed[version as usize]);
+                shown = version;
+            }
+            now = answered;
+        }
+        (lateness, reads)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_renewal_is_first_read_within_a_pass_of_landing_about_twice_per_renewal() {
+        let pass = Duration::from_millis(250);
+        // A pass late at most, and the spread of write and read latency.
+        let bound = pass.mul_f64(1.25) + Duration::from_millis(75 + 40);
+        for seed in 0..20 {
+            let (lateness, reads) = simulate(200, u32::MAX, seed);
+            assert_eq!(lateness.len(), 200, "seed {seed}: a renewal was skipped");
+            let worst = lateness.iter().max().unwrap();
+            assert!(
+                *worst <= bound,
+                "seed {seed}: a renewal was first read {worst:?} after it landed"
+            );
+            assert!(reads <= 500, "seed {seed}: {reads} reads for 200 renewals");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stale_reads_cost_a_renewal_a_pass_or_so_and_the_schedule_recovers() {
+        // One read in ten stale (far more than DynamoDB's eventually
+        // consistent reads): a stale read costs its renewal a pass, and,
+        // passing for a miss, makes the estimate late by up to its staleness
+        // (1 s here), which the probe then catches up on.
+        let pass = Duration::from_millis(250).mul_f64(1.25);
+        let spread = Duration::from_millis(75 + 40);
+        for seed in 0..20 {
+            let (mut lateness, reads) = simulate(200, 10, seed);
+            lateness.sort();
+            let (p90, worst) = (lateness[179], lateness[199]);
+            assert!(p90 <= pass * 2 + spread, "seed {seed}: p90 {p90:?}");
+            assert!(
+                worst <= Duration::from_secs(1) + pass + spread,
+                "seed {seed}: worst {worst:?}"
+            );
+            assert!(reads <= 500, "seed {seed}: {reads} reads for 200 renewals");
+        }
     }
 
     #[test]

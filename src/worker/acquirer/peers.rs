@@ -32,6 +32,7 @@ impl Acquirer {
         } else {
             successors(&self.me, &live, WATCHED_PEERS)
         };
+        let asked = Instant::now();
         let read = self.ctx.store.watch(&to_read, true).await?;
         let records = read.workers;
         let now = Instant::now();
@@ -39,7 +40,7 @@ impl Acquirer {
             self.quiet.saw(changes, now);
         }
         for r in &records {
-            self.observer.observe(r, now);
+            self.observer.observe(r, asked, now);
         }
         let silence = self.ctx.settings.heartbeat_interval * PEER_SILENCE_HEARTBEATS;
         if full {

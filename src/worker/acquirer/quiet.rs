@@ -72,10 +72,11 @@ impl Acquirer {
         if !counter_due && due.is_empty() {
             return Ok(false);
         }
+        let asked = Instant::now();
         let read = self.ctx.store.watch(&due, counter_due).await?;
         let now = Instant::now();
         for r in &read.workers {
-            self.observer.observe(r, now);
+            self.observer.observe(r, asked, now);
         }
         let moved = read.changes.is_some_and(|c| self.quiet.saw(c, now));
         // Only the watched peers are judged here: the others' versions are
