@@ -22,15 +22,16 @@
 //!
 //! Two cases have no miss to go by. A peer first seen has no bound on its
 //! last renewal: it is read at every pass until its next renewal shows,
-//! which is then bracketed. A renewal that shows at the first read (it landed early, or
-//! the estimate ran late) gives only an upper bound: the estimate moves
-//! [`PROBE`] of a cadence earlier than forecast, so a later read misses and
-//! brackets it again; an estimate running late is caught up on that way.
+//! which is then bracketed. A renewal that shows at the first read (it
+//! landed early, or the estimate ran late) gives only an upper bound: the
+//! estimate moves [`PROBE`] of a cadence earlier than forecast, so a later
+//! read misses and brackets it again; an estimate running late is caught
+//! up on that way.
 //!
-//! The cadence is the larger of the last two gaps between consecutive stamps
-//! (`heartbeat_at_ms`, the peer's clock; only differences are used), capped
-//! at this worker's heartbeat: a peer with a longer heartbeat is read early and then every
-//! pass until it renews, never late.
+//! The cadence is the larger of the last two gaps between consecutive
+//! stamps (`heartbeat_at_ms`, the peer's clock; only differences are used),
+//! capped at this worker's heartbeat: a peer with a longer heartbeat is
+//! read early and then every pass until it renews, never late.
 //!
 //! Only *when* to read is forecast. A death is still declared a whole lease
 //! after the read that first showed the last version (`overdue`).
