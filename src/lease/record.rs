@@ -173,6 +173,12 @@ impl StreamRecord {
     pub fn is_tombstone(&self) -> bool {
         self.deleted_at_ms.is_some()
     }
+
+    /// The worker that last released the stream and when, on that worker's
+    /// clock (a release keeps `lease_owner` beside `released_at_ms`).
+    pub fn released_by(&self) -> Option<(&str, u64)> {
+        Some((self.lease_owner.as_deref()?, self.released_at_ms?))
+    }
 }
 
 /// A worker incarnation's state in its item.

@@ -67,12 +67,9 @@ impl FleetView {
     /// it counts (`HeldStream::stamp_release`); in the instant between those
     /// two it errs one too few, which only has the orphan wait out its grace.
     pub(super) fn still_counted(&self, orphan: &StreamRecord) -> bool {
-        let (Some(owner), Some(released_at)) =
-            (orphan.lease_owner.as_deref(), orphan.released_at_ms)
-        else {
-            return false;
-        };
-        self.publishes_release(owner, released_at)
+        orphan
+            .released_by()
+            .is_some_and(|(owner, released_at)| self.publishes_release(owner, released_at))
     }
 
     /// Whether the counted peer `owner` still publishes a stream it released

@@ -51,10 +51,9 @@ impl TakenFromPeers {
     /// Notes a stream acquired as `record` showed it (its last owner and
     /// release stamp, if it was released).
     pub(super) fn took(&mut self, record: &StreamRecord) {
-        if let (Some(owner), Some(released_at)) =
-            (record.lease_owner.clone(), record.released_at_ms)
-        {
-            self.taken.insert(record.key.clone(), (owner, released_at));
+        if let Some((owner, released_at)) = record.released_by() {
+            let by = (owner.to_string(), released_at);
+            self.taken.insert(record.key.clone(), by);
         }
     }
 
