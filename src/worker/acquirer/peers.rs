@@ -5,13 +5,47 @@
 use super::fair_share::{FleetView, Peer};
 use super::overdue::successors;
 use super::pass::Acquirer;
-use crate::lease::{FleetEntry, Incarnation, StoreError, WorkerState};
+use crate::lease::{FleetEntry, Incarnation, StoreError, WorkerRecord, WorkerState};
 use crate::worker::settings::PEER_SILENCE_HEARTBEATS;
 use tokio::time::Instant;
 
 use super::quiet_state::{WATCHED_PEERS, every_live_peer};
 
+/// What one read of peers' items (and the change counter) showed.
+pub(super) struct WatchRead {
+    pub(super) workers: Vec<WorkerRecord>,
+    /// Whether the change counter moved (`false` when it was not read).
+    pub(super) moved: bool,
+    /// When the answer came.
+    pub(super) answered: Instant,
+}
+
 impl Acquirer {
+    /// Reads `who`'s items, and the change counter when `with_changes`, and
+    /// records what they showed: each peer's version (a version shown again
+    /// counts from when the read was sent, as the next may land while it is
+    /// under way; see `renewal_forecast`) and the counter.
+    pub(super) async fn read_watched(
+        &mut self,
+        who: &[Incarnation],
+        with_changes: bool,
+    ) -> Result<WatchRead, StoreError> {
+        let asked = Instant::now();
+        let read = self.ctx.store.watch(who, with_changes).await?;
+        let answered = Instant::now();
+        for r in &read.workers {
+            self.observer.observe(r, asked, answered);
+        }
+        let moved = read
+            .changes
+            .is_some_and(|changes| self.quiet.saw(changes, answered));
+        Ok(WatchRead {
+            workers: read.workers,
+            moved,
+            answered,
+        })
+    }
+
     /// Reads peers' items (a few every pass, all every heartbeat), updates the
     /// fleet view, and declares overdue peers dead.
     pub(super) async fn watch_peers(&mut self, workers: &[FleetEntry]) -> Result<(), StoreError> {
@@ -32,16 +66,11 @@ impl Acquirer {
         } else {
             successors(&self.me, &live, WATCHED_PEERS)
         };
-        let asked = Instant::now();
-        let read = self.ctx.store.watch(&to_read, true).await?;
-        let records = read.workers;
-        let now = Instant::now();
-        if let Some(changes) = read.changes {
-            self.quiet.saw(changes, now);
-        }
-        for r in &records {
-            self.observer.observe(r, asked, now);
-        }
+        let WatchRead {
+            workers: records,
+            answered: now,
+            ..
+        } = self.read_watched(&to_read, true).await?;
         let silence = self.ctx.settings.heartbeat_interval * PEER_SILENCE_HEARTBEATS;
         if full {
             self.view = FleetView {

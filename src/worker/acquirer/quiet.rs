@@ -72,13 +72,8 @@ impl Acquirer {
         if !counter_due && due.is_empty() {
             return Ok(false);
         }
-        let asked = Instant::now();
-        let read = self.ctx.store.watch(&due, counter_due).await?;
-        let now = Instant::now();
-        for r in &read.workers {
-            self.observer.observe(r, asked, now);
-        }
-        let moved = read.changes.is_some_and(|c| self.quiet.saw(c, now));
+        let read = self.read_watched(&due, counter_due).await?;
+        let now = read.answered;
         // Only the watched peers are judged here: the others' versions are
         // as old as the last full pass, and are their own watchers' to judge.
         // A watched peer not read now is not due, so not overdue either.
@@ -89,6 +84,6 @@ impl Acquirer {
                 .overdue(now)
                 .iter()
                 .any(|(p, _)| watched.contains(p));
-        Ok(moved || trouble)
+        Ok(read.moved || trouble)
     }
 }
