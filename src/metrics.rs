@@ -146,6 +146,8 @@ pub struct WorkerMetrics {
     pub duplicate_worker_id: Gauge,
     pub incarnation_restarts: Counter,
     pub connects_paced: Counter,
+    pub pokes_sent: Family<Labels1, Counter>,
+    pub pokes_received: Counter,
 }
 
 impl Default for WorkerMetrics {
@@ -177,6 +179,8 @@ impl Default for WorkerMetrics {
             duplicate_worker_id: Gauge::default(),
             incarnation_restarts: Counter::default(),
             connects_paced: Counter::default(),
+            pokes_sent: Family::default(),
+            pokes_received: Counter::default(),
         }
     }
 }
@@ -307,6 +311,16 @@ impl WorkerMetrics {
             "tether_connects_paced",
             "Session connects delayed to keep within --connect-rate for their upstream host",
             self.connects_paced.clone(),
+        );
+        r.register(
+            "tether_pokes_sent",
+            "Peers told that this process moved the change counter (POST /poke), by result",
+            self.pokes_sent.clone(),
+        );
+        r.register(
+            "tether_pokes_received",
+            "Pokes from peers (each makes the next quiet pass read the change counter)",
+            self.pokes_received.clone(),
         );
         r.register(
             "tether_incarnation_restarts",

@@ -1,4 +1,5 @@
-//! `/metrics`, `/healthz` and `/readyz` on `--metrics-addr`.
+//! `/metrics`, `/healthz` and `/readyz` on `--metrics-addr`, and `/poke`,
+//! where peers say the change counter moved (`worker::pokes`).
 
 use crate::lease::ClockGauge;
 use crate::metrics::Metrics;
@@ -6,7 +7,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,6 +80,8 @@ impl Health {
 struct AppState {
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    /// Set by `/poke`, taken by the worker's next quiet pass.
+    doorbell: Arc<AtomicBool>,
 }
 
 /// Binds the probe and metrics listener. `[::]` is dual-stack on Linux (the
@@ -102,16 +105,34 @@ pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    doorbell: Arc<AtomicBool>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = Router::new()
-        .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready_handler))
-        .with_state(AppState { metrics, health });
+    let app = router(AppState {
+        metrics,
+        health,
+        doorbell,
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready_handler))
+        .route("/poke", post(poke_handler))
+        .with_state(state)
+}
+
+/// A peer moved the change counter. Nothing is read from the request: the
+/// worker reads the counter itself, so a poke from anyone costs one read.
+async fn poke_handler(State(state): State<AppState>) -> StatusCode {
+    state.doorbell.store(true, Ordering::Release);
+    state.metrics.worker.pokes_received.inc();
+    StatusCode::NO_CONTENT
 }
 
 /// OpenMetrics when the scraper asks for it (Prometheus does), classic
@@ -174,5 +195,40 @@ mod tests {
             .await
             .expect("an IPv6 client connects");
         accepting.await.unwrap();
+    }
+
+    /// A peer's poke rings the doorbell the worker's next quiet pass takes,
+    /// and is counted; only a POST does.
+    #[tokio::test]
+    async fn a_poke_rings_the_doorbell_and_only_a_post_does() {
+        crate::support::install_crypto_provider();
+        let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let health = Arc::new(Health::new(
+            Arc::default(),
+            Arc::default(),
+            Duration::from_secs(1),
+        ));
+        let doorbell = Arc::new(AtomicBool::new(false));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(serve(
+            listener,
+            metrics.clone(),
+            health,
+            doorbell.clone(),
+            stop.clone().cancelled_owned(),
+        ));
+        let client = reqwest::Client::new();
+        let url = format!("http://{addr}/poke");
+        let got = client.get(&url).send().await.unwrap().status();
+        assert_eq!(got.as_u16(), 405);
+        assert!(!doorbell.load(Ordering::Acquire), "a GET rang the doorbell");
+        let posted = client.post(&url).send().await.unwrap().status();
+        assert_eq!(posted.as_u16(), 204);
+        assert!(doorbell.load(Ordering::Acquire));
+        assert_eq!(metrics.worker.pokes_received.get(), 1);
+        stop.cancel();
+        server.await.unwrap().unwrap();
     }
 }

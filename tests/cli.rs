@@ -342,3 +342,28 @@ async fn get_shows_the_owners_heartbeat_age_and_the_freshest_checkpoint_from_the
     })
     .await;
 }
+
+/// `--advertise-ip` must be an address peers can reach: a wildcard is
+/// refused at start, with the flag named, before anything is registered.
+#[tokio::test]
+async fn a_wildcard_advertise_ip_is_refused_with_a_clear_error() {
+    let store = fresh_store(None).await;
+    let out = tether(
+        &store,
+        &[
+            "worker",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--advertise-ip",
+            "0.0.0.0",
+        ],
+        None,
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--advertise-ip 0.0.0.0") && err.contains("pod IP"),
+        "{err}"
+    );
+    assert!(store.fleet().await.unwrap().workers.is_empty());
+}

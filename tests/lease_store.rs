@@ -1400,3 +1400,52 @@ async fn a_release_and_a_renewal_carry_the_times_their_worker_stamped() {
     assert_eq!(stored.released_at_ms, Some(4_242));
     assert_eq!(stored.ownership(), Ownership::Free);
 }
+
+/// Whatever runs after a bump (the worker's pokes) runs once the bump landed,
+/// so a strongly consistent read there sees it, and before the caller of
+/// `announce_change` returns, so a process about to exit has run it.
+#[tokio::test]
+async fn the_step_after_a_bump_sees_it_landed_and_runs_before_the_announcer_returns() {
+    let store = fresh_store(None).await;
+    let before = store.changes_now().await.unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (reader, log) = (store.clone(), seen.clone());
+    assert!(store.after_announcing(Arc::new(move || {
+        let (reader, log) = (reader.clone(), log.clone());
+        Box::pin(async move {
+            let now = reader.changes_now().await.unwrap();
+            log.lock().unwrap().push(now);
+        })
+    })));
+    assert!(
+        !store.after_announcing(Arc::new(|| Box::pin(async {}))),
+        "a second step replaced the first"
+    );
+    store.announce_change().await;
+    assert_eq!(*seen.lock().unwrap(), vec![before + 1]);
+    store.announce_change().await;
+    assert_eq!(*seen.lock().unwrap(), vec![before + 1, before + 2]);
+}
+
+/// A worker registered with an address carries it for its peers; one
+/// registered without carries none.
+#[tokio::test]
+async fn a_worker_item_carries_where_peers_poke_it() {
+    let store = fresh_store(None).await;
+    let pokable = Incarnation::new("a");
+    let addr: std::net::SocketAddr = "[fd00::7]:9090".parse().unwrap();
+    store.register_at(&pokable, None, Some(addr)).await.unwrap();
+    let plain = worker(&store, "b").await;
+    let read = store.watch(&[pokable, plain], false).await.unwrap();
+    let mut addrs: Vec<_> = read
+        .workers
+        .iter()
+        .map(|w| (w.incarnation.worker_id().to_string(), w.poke_addr))
+        .collect();
+    addrs.sort();
+    assert_eq!(addrs, vec![("a".into(), Some(addr)), ("b".into(), None)]);
+    assert!(
+        read.workers.iter().all(|w| w.pokes_peers),
+        "every worker of this release pokes its peers, addressed or not"
+    );
+}

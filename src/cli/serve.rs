@@ -63,7 +63,7 @@ pub(super) async fn worker(
     provenance: Provenance,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    let settings = worker_settings(&args)?;
+    let mut settings = worker_settings(&args)?;
     let _emf = args.emf_namespace.clone().map(|namespace| {
         tokio_util::task::AbortOnDropHandle::new(tokio::spawn(crate::emf::run(
             namespace,
@@ -80,6 +80,7 @@ pub(super) async fn worker(
         .await
         .with_context(|| format!("cannot listen on --metrics-addr {}", args.metrics_addr))?;
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz, /readyz");
+    settings.poke_addr = poke_addr(args.advertise_ip, listener.local_addr()?)?;
     let health = Arc::new(Health::new(
         open.store.reachability(),
         open.store.clock(),
@@ -104,6 +105,7 @@ pub(super) async fn worker(
         listener,
         metrics.clone(),
         health.clone(),
+        ctx.shared.pokes.doorbell(),
         stop_server.clone().cancelled_owned(),
     )));
     let result = tokio::select! {
@@ -204,4 +206,24 @@ fn check_installation(id: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Where peers poke this worker: `--advertise-ip` and the port the metrics
+/// listener got.
+fn poke_addr(
+    ip: Option<std::net::IpAddr>,
+    listening: std::net::SocketAddr,
+) -> anyhow::Result<Option<std::net::SocketAddr>> {
+    match ip {
+        Some(ip) if ip.is_unspecified() => anyhow::bail!(
+            "--advertise-ip {ip}: give the address peers reach this worker at (in Kubernetes, the pod IP), not a wildcard"
+        ),
+        Some(ip) => {
+            if listening.ip().is_loopback() && !ip.is_loopback() {
+                tracing::warn!(advertised = %ip, %listening, "--metrics-addr listens on loopback only: peers' pokes to the advertised address will fail, and this worker learns of their changes once a heartbeat");
+            }
+            Ok(Some(std::net::SocketAddr::new(ip, listening.port())))
+        }
+        None => Ok(None),
+    }
 }

@@ -18,6 +18,7 @@ pub(super) fn worker_settings(args: &WorkerArgs) -> Result<WorkerSettings, Worke
         fence_margin,
         max_connections,
         metrics_addr: _,
+        advertise_ip: _,
         drain_timeout,
         allow_hosts: _,
         allow_sink_hosts: _,
@@ -63,6 +64,8 @@ pub(super) fn worker_settings(args: &WorkerArgs) -> Result<WorkerSettings, Worke
         connect_burst: *connect_burst,
         kinesis_streams: crate::egress::KinesisStreams::new(kinesis_streams.clone()),
         read_orphans_whole: false,
+        // Set once the metrics listener is bound (its port).
+        poke_addr: None,
     })
 }
 

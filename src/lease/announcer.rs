@@ -2,15 +2,30 @@
 //! one detached task bumps for every request made before its bump began, and
 //! each caller waits until a finished bump covers its number.
 
-use std::sync::Mutex;
+use futures::future::BoxFuture;
+use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::watch;
 
+/// What runs after each bump that landed, before the requests it covers are
+/// answered (`LeaseStore::after_announcing`).
+pub type AfterBump = Arc<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
+
 /// This process's bump requests and the task that serves them.
-#[derive(Debug)]
 pub(crate) struct Announcer {
     state: Mutex<State>,
     /// The highest request number a finished bump covers.
     covered: watch::Sender<u64>,
+    after_bump: OnceLock<AfterBump>,
+}
+
+impl std::fmt::Debug for Announcer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Announcer")
+            .field("state", &self.state)
+            .field("covered", &self.covered)
+            .field("after_bump", &self.after_bump.get().is_some())
+            .finish()
+    }
 }
 
 impl Default for Announcer {
@@ -18,6 +33,7 @@ impl Default for Announcer {
         Self {
             state: Mutex::default(),
             covered: watch::channel(0).0,
+            after_bump: OnceLock::new(),
         }
     }
 }
@@ -43,6 +59,16 @@ impl Announcer {
         let start = !state.running;
         state.running = true;
         (state.requested, start)
+    }
+
+    /// Sets what runs after each bump that landed; `false` when it was set
+    /// already (the first one stays).
+    pub(super) fn set_after_bump(&self, hook: AfterBump) -> bool {
+        self.after_bump.set(hook).is_ok()
+    }
+
+    pub(super) fn after_bump(&self) -> Option<AfterBump> {
+        self.after_bump.get().cloned()
     }
 
     /// The request a bump beginning now covers.

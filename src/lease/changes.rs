@@ -57,13 +57,39 @@ impl LeaseStore {
     async fn bump_until_covered(self) {
         loop {
             let target = self.announcer.target();
-            if let Err(e) = self.bump_changes().await {
-                tracing::debug!(error = %e, "change counter not moved; peers find the change at their next full pass");
+            match self.bump_changes().await {
+                Ok(()) => {
+                    if let Some(after) = self.announcer.after_bump() {
+                        after().await;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "change counter not moved; peers find the change at their next full pass");
+                }
             }
             if self.announcer.finished(target) {
                 return;
             }
         }
+    }
+
+    /// Sets what runs after each bump of this process that landed, before
+    /// the callers it covers return (so a process about to exit has run it
+    /// too): the worker tells its peers there (`worker::pokes`). Set once;
+    /// `false` when a hook was set already.
+    pub fn after_announcing(&self, hook: super::announcer::AfterBump) -> bool {
+        self.announcer.set_after_bump(hook)
+    }
+
+    /// The counter, strongly consistent (1 read unit, where the quiet read
+    /// is half of one): read when a peer said it just moved it, so a read
+    /// right after that write cannot miss it.
+    pub async fn changes_now(&self) -> Result<u64, StoreError> {
+        Ok(self
+            .get_raw("read_changes_poked", CHANGES_PK)
+            .await?
+            .as_ref()
+            .map_or(0, changes_of))
     }
 
     async fn bump_changes(&self) -> Result<(), StoreError> {

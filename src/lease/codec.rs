@@ -53,6 +53,11 @@ pub mod attr {
     /// On a worker item: this incarnation moves the change counter
     /// (`lease::changes`), so peers may read it instead of querying.
     pub const ANNOUNCES_CHANGES: &str = "announces_changes";
+    /// On a worker item: where peers poke it (`host:port`), when it has one.
+    pub const POKE_ADDR: &str = "poke_addr";
+    /// On a worker item: this incarnation pokes its peers after it moves the
+    /// change counter (workers of earlier releases do not).
+    pub const POKES_PEERS: &str = "pokes_peers";
     pub const RELEASE_REASON: &str = "release_reason";
     pub const CREATED_AT_MS: &str = "created_at_ms";
     pub const ACQUIRED_AT_MS: &str = "acquired_at_ms";
@@ -328,6 +333,12 @@ pub fn worker_record(item: &Item) -> Result<WorkerRecord, Malformed> {
         ),
         reads_slots: matches!(
             item.get(attr::READS_SLOTS),
+            Some(AttributeValue::Bool(true))
+        ),
+        // Unparsable: no poke, as from a worker that gave no address.
+        poke_addr: r.text(attr::POKE_ADDR).and_then(|a| a.parse().ok()),
+        pokes_peers: matches!(
+            item.get(attr::POKES_PEERS),
             Some(AttributeValue::Bool(true))
         ),
         incarnation,

@@ -114,6 +114,17 @@ impl LeaseStore {
         me: &Incarnation,
         pod: Option<&PodIdentity>,
     ) -> Result<(), StoreError> {
+        self.register_at(me, pod, None).await
+    }
+
+    /// [`LeaseStore::register`], with where peers poke this incarnation
+    /// (`WorkerRecord::poke_addr`) when it has such an address.
+    pub async fn register_at(
+        &self,
+        me: &Incarnation,
+        pod: Option<&PodIdentity>,
+        poke_addr: Option<std::net::SocketAddr>,
+    ) -> Result<(), StoreError> {
         let pk = me.pk();
         let now = now_ms();
         let mut absent = Update::new();
@@ -135,8 +146,13 @@ impl LeaseStore {
                 AttributeValue::Bool(true),
             ),
             (attr::READS_SLOTS.to_string(), AttributeValue::Bool(true)),
+            // Every worker of this release pokes its peers (`worker::pokes`).
+            (attr::POKES_PEERS.to_string(), AttributeValue::Bool(true)),
             (attr::EXPIRES_AT.to_string(), ttl(LIVE_ITEM_TTL)),
         ]);
+        if let Some(addr) = poke_addr {
+            item.insert(attr::POKE_ADDR.to_string(), s(addr.to_string()));
+        }
         if let Some(pod) = pod {
             item.insert(attr::POD_UID.to_string(), s(&pod.uid));
             item.insert(attr::POD_CONTAINER.to_string(), s(&pod.container));

@@ -39,6 +39,7 @@ mod update;
 mod view;
 
 pub use admin::{CHANGE_INDEX, HOLDER_INDEX, LEGACY_INDEX, TableChange, TableLayout};
+pub use announcer::AfterBump;
 pub use changes::CHANGES_PK;
 pub use client::{
     Caller, LOCAL_CREDENTIALS, LeaseStore, StoreConfig, root_cause, validate_table_name,

@@ -295,6 +295,15 @@ pub struct WorkerRecord {
     /// not: while one is LIVE, peers write theirs by name).
     #[serde(skip)]
     pub reads_slots: bool,
+    /// Where peers tell it that the change counter moved (`POST /poke` on
+    /// its metrics listener), when it gave one (`--advertise-ip`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub poke_addr: Option<std::net::SocketAddr>,
+    /// Whether it pokes its peers after it moves the change counter
+    /// (workers of earlier releases do not: while one is LIVE, peers read
+    /// the counter every 500 ms).
+    #[serde(skip)]
+    pub pokes_peers: bool,
 }
 
 /// One inbox entry: a changed stream, with the nonce that makes each change

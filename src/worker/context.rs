@@ -54,6 +54,10 @@ impl WorkerCtx {
             settings.worker_id.clone(),
             sink_policy.clone(),
         ));
+        let pokes = Arc::new(super::pokes::Pokes::new(metrics.clone()));
+        // Every bump of this process's store, the controller's too (one
+        // store in `tether operator`), is followed by the pokes.
+        store.after_announcing(pokes.after_bump());
         Ok(Self {
             dialer: Dialer {
                 policy,
@@ -66,6 +70,7 @@ impl WorkerCtx {
             shared: Arc::new(Shared {
                 settings,
                 store,
+                pokes,
                 metrics,
                 peers_read_slots: Default::default(),
             }),

@@ -14,13 +14,15 @@
 //! - `stream/`: serving one stream — the holder, its session, delivery,
 //!   sequence numbers, progress, and the set of streams held;
 //! - `run` (the main loop), `context` and `shared` (what the tasks are given),
-//!   `fence` (when this incarnation must stop acting), `settings`, `error`.
+//!   `fence` (when this incarnation must stop acting), `pokes` (telling
+//!   peers a change is waiting), `settings`, `error`.
 
 mod acquirer;
 mod context;
 mod error;
 mod fence;
 mod incarnation;
+mod pokes;
 mod run;
 mod settings;
 mod shared;
@@ -30,6 +32,7 @@ pub use context::WorkerCtx;
 pub use error::WorkerError;
 pub use fence::fence_window;
 pub use incarnation::PodLookup;
+pub use pokes::Pokes;
 pub use run::run;
 pub use settings::{WorkerSettings, default_worker_id};
 pub use stream::{

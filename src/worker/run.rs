@@ -69,7 +69,10 @@ pub async fn run(
     }
     loop {
         match incarnation(ctx.clone(), &health, layout.legacy_index, &mut shutdown).await? {
-            Ended::Shutdown => return Ok(()),
+            Ended::Shutdown => {
+                ctx.shared.pokes.settle().await;
+                return Ok(());
+            }
             Ended::DeclaredDead => {
                 ctx.shared.metrics.incarnation_restarts.inc();
                 health.set_ready(false);
@@ -92,7 +95,13 @@ async fn register(
         None => None,
     };
     loop {
-        match ctx.shared.store.register(me, pod.as_ref()).await {
+        let poke_addr = ctx.shared.settings.poke_addr;
+        match ctx
+            .shared
+            .store
+            .register_at(me, pod.as_ref(), poke_addr)
+            .await
+        {
             Ok(()) => break,
             Err(e @ (StoreError::Unreachable { .. } | StoreError::Throttled { .. })) => {
                 tracing::warn!(error = %e, "cannot register this worker yet; retrying");

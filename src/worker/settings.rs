@@ -81,6 +81,9 @@ pub struct WorkerSettings {
     /// bounded read: only so the scale benchmark can run the earlier design
     /// beside this one in the same run. Never set by the command line.
     pub read_orphans_whole: bool,
+    /// Where peers poke this worker (`worker::pokes`); `None`: not pokable,
+    /// so it reads the change counter every 500 ms.
+    pub poke_addr: Option<std::net::SocketAddr>,
 }
 
 /// `$POD_NAME` in Kubernetes; elsewhere the host name. Each process adds its

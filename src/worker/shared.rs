@@ -18,4 +18,7 @@ pub struct Shared {
     /// while a worker of an earlier release is LIVE, checkpoints go by name,
     /// which every release reads.
     pub peers_read_slots: AtomicBool,
+    /// Peers to poke after this process moves the change counter, and
+    /// whether a peer poked this one.
+    pub pokes: Arc<super::pokes::Pokes>,
 }

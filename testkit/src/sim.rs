@@ -60,6 +60,7 @@ pub fn settings(
         connect_burst: 1,
         kinesis_streams: KinesisStreams::new(["*"]),
         read_orphans_whole: false,
+        poke_addr: None,
     }
 }
 

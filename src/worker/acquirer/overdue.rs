@@ -117,11 +117,12 @@ pub(super) fn successors(me: &Incarnation, live: &[Incarnation], count: usize) -
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::lease::WorkerState;
 
-    fn record(inc: &Incarnation, version: u64) -> WorkerRecord {
+    /// A LIVE peer's item at `version`, of this release.
+    pub(in crate::worker::acquirer) fn record(inc: &Incarnation, version: u64) -> WorkerRecord {
         WorkerRecord {
             announces_changes: true,
             incarnation: inc.clone(),
@@ -137,6 +138,8 @@ mod tests {
             slot_pages: Vec::new(),
             reads_slots: true,
             changed_streams: Vec::new(),
+            poke_addr: None,
+            pokes_peers: true,
         }
     }
 

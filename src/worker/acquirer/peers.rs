@@ -87,6 +87,14 @@ impl Acquirer {
                     .collect(),
             };
             self.ctx.metrics.live_workers.set(self.view.live() as i64);
+            // The peers that take streams are the ones to tell of a change.
+            self.ctx.pokes.set_peers(
+                records
+                    .iter()
+                    .filter(|r| r.state == WorkerState::Live && !draining.contains(&&r.incarnation))
+                    .filter_map(|r| r.poke_addr)
+                    .collect(),
+            );
             // One LIVE peer of an earlier release, which does not move the
             // change counter, and every pass is full.
             self.quiet.set_peers_announce(workers, &self.me, &records);

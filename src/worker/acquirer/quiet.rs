@@ -12,7 +12,9 @@
 //! release runs (it does not move the counter), or the last full pass is
 //! [`FULL_PASS_PERIOD`] old (a bump lost with its writer, or a writer of an
 //! earlier release, costs at most that). Otherwise the pass is *quiet*: it
-//! reads the counter every [`WATCH_PERIOD`], and a watched peer just after
+//! reads the counter every [`WATCH_PERIOD`] (or, when peers poke this worker
+//! after their changes, once a heartbeat and when poked; see
+//! `worker::pokes`), and a watched peer just after
 //! its next renewal should have landed and at every pass after until it
 //! shows (`renewal_forecast`): about twice per heartbeat rather than at
 //! every watch read.
@@ -29,6 +31,18 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 impl Acquirer {
+    /// How often the counter is read: every [`WATCH_PERIOD`], or once a
+    /// heartbeat when peers poke this worker (it gave them an address and
+    /// every LIVE peer pokes; a peer of an earlier release does not, so
+    /// during a rolling upgrade the counter is read as before).
+    fn watch_period(&self) -> Duration {
+        if self.ctx.settings.poke_addr.is_some() && self.quiet.peers_poke {
+            self.ctx.settings.heartbeat_interval.max(WATCH_PERIOD)
+        } else {
+            WATCH_PERIOD
+        }
+    }
+
     /// Whether this pass may be quiet (see the module's documentation).
     pub(super) fn may_stay_quiet(&self, now: Instant) -> bool {
         let q = &self.quiet;
@@ -53,15 +67,26 @@ impl Acquirer {
             && (!self.ctx.settings.rebalance || self.view.balanced(staying))
     }
 
-    /// A quiet pass: reads the counter every [`WATCH_PERIOD`] and each
+    /// A quiet pass: reads the counter every [`WATCH_PERIOD`] (once a
+    /// heartbeat when peers poke this worker, and at once, strongly
+    /// consistent, when one did) and each
     /// watched peer once its next renewal is due (see `renewal_forecast`),
     /// in one request when both are due; `true` when what it read calls for
     /// a full pass.
     pub(super) async fn quiet_pass(&mut self, now: Instant) -> Result<bool, StoreError> {
+        // Taken before the read is sent: a poke arriving meanwhile is for a
+        // later bump, and stays for the next pass.
+        if self.ctx.pokes.take() {
+            let changes = self.ctx.store.changes_now().await?;
+            if self.quiet.saw(changes, Instant::now()) {
+                return Ok(true);
+            }
+        }
+        let period = self.watch_period();
         let counter_due = self
             .quiet
             .last_watch
-            .is_none_or(|t| now.duration_since(t) >= WATCH_PERIOD);
+            .is_none_or(|t| now.duration_since(t) >= period);
         let live = live_incarnations(&self.quiet.fleet);
         let watched = successors(&self.me, &live, WATCHED_PEERS);
         let due: Vec<Incarnation> = watched

@@ -8,7 +8,8 @@ use tokio::time::Instant;
 
 /// How often a quiet worker reads the change counter: what a change waits
 /// before quiet peers see it (a drain's releases, a new stream). Watched
-/// peers are read on their own schedule (`renewal_forecast`).
+/// peers are read on their own schedule (`renewal_forecast`). A worker its
+/// peers poke reads it once a heartbeat instead (`worker::pokes`).
 pub(super) const WATCH_PERIOD: Duration = Duration::from_millis(500);
 /// Longest time between two full passes.
 pub(super) const FULL_PASS_PERIOD: Duration = Duration::from_secs(30);
@@ -21,7 +22,13 @@ pub(super) const BUSY_AT_LEAST: Duration = Duration::from_secs(5);
 /// passes when the streams land: one watch read and a pass.
 pub(super) const ANNOUNCE_AHEAD: Duration = Duration::from_millis(750);
 /// Peers each worker watches (the ring successors): every worker is watched
-/// by this many others.
+/// by this many others. Two, so a worker and one of its watchers crashing
+/// together (two pods of one node) are both found a lease after their last
+/// renewals. With one, the other watcher found was the peer's new ring
+/// predecessor, whose first read of its last version starts the lease: two
+/// leases in all (6.3–6.7 s at a 3 s lease, measured by
+/// `quiet_fleet::a_worker_and_its_watcher_crashing_together_are_both_found`),
+/// past the contract's bound.
 pub(super) const WATCHED_PEERS: usize = 2;
 
 /// What quiet passes need to remember.
@@ -39,6 +46,9 @@ pub(super) struct QuietState {
     announced_start: bool,
     /// Every LIVE peer of the last full refresh moves the counter.
     pub(super) peers_announce: bool,
+    /// Every LIVE peer of the last full refresh pokes its peers after it
+    /// moves the counter.
+    pub(super) peers_poke: bool,
     /// The fleet as the last full pass read it.
     pub(super) fleet: Vec<FleetEntry>,
 }
@@ -64,7 +74,7 @@ impl QuietState {
     }
 
     /// Records whether every LIVE peer of `fleet` but `me` moves the counter,
-    /// by the items just read.
+    /// and whether every one pokes its peers, by the items just read.
     pub(super) fn set_peers_announce(
         &mut self,
         fleet: &[FleetEntry],
@@ -72,6 +82,7 @@ impl QuietState {
         read: &[WorkerRecord],
     ) {
         self.peers_announce = every_live_peer(fleet, me, read, |r| r.announces_changes);
+        self.peers_poke = every_live_peer(fleet, me, read, |r| r.pokes_peers);
     }
 }
 
@@ -90,4 +101,55 @@ pub(super) fn every_live_peer(
             read.iter()
                 .any(|r| r.incarnation == w.incarnation && trait_(r))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::acquirer::overdue::tests::record;
+
+    fn live(who: &Incarnation) -> FleetEntry {
+        FleetEntry {
+            incarnation: who.clone(),
+            state: WorkerState::Live,
+            released_at_ms: None,
+            started_at_ms: None,
+            draining: false,
+        }
+    }
+
+    /// A LIVE peer of an earlier release (no `pokes_peers` on its item) or
+    /// one whose item was not read: this worker cannot count on pokes and
+    /// reads the counter as often as before; a DEAD one does not count.
+    #[test]
+    fn pokes_are_counted_on_only_while_every_live_peer_sends_them() {
+        let (me, a, b) = (
+            Incarnation::new("me"),
+            Incarnation::new("a"),
+            Incarnation::new("b"),
+        );
+        let fleet = vec![live(&me), live(&a), live(&b)];
+        let mut q = QuietState::default();
+        q.set_peers_announce(&fleet, &me, &[record(&a, 1), record(&b, 1)]);
+        assert!(q.peers_poke);
+        let earlier = WorkerRecord {
+            pokes_peers: false,
+            ..record(&b, 1)
+        };
+        q.set_peers_announce(&fleet, &me, &[record(&a, 1), earlier.clone()]);
+        assert!(!q.peers_poke, "a peer of an earlier release pokes nobody");
+        assert!(q.peers_announce, "it still moves the counter");
+        q.set_peers_announce(&fleet, &me, &[record(&a, 1)]);
+        assert!(!q.peers_poke, "a LIVE peer whose item was not read");
+        let gone = vec![
+            live(&me),
+            live(&a),
+            FleetEntry {
+                state: WorkerState::Dead,
+                ..live(&b)
+            },
+        ];
+        q.set_peers_announce(&gone, &me, &[record(&a, 1), earlier]);
+        assert!(q.peers_poke, "a DEAD peer pokes nobody, and need not");
+    }
 }

@@ -25,13 +25,17 @@ struct Case {
     per_worker: usize,
     /// Messages per second per stream (0: idle streams).
     rate: u32,
+    /// Workers give peers an address to poke (as the chart runs them); off,
+    /// they read the change counter every 500 ms (the binary's default).
+    pokes: bool,
 }
 
 impl Case {
     fn label(&self) -> String {
         let activity = if self.rate == 0 { "idle" } else { "active" };
+        let unpoked = if self.pokes { "" } else { "_unpoked" };
         format!(
-            "{}_{}_per_worker_{activity}",
+            "{}_{}_per_worker_{activity}{unpoked}",
             self.design.name(),
             self.per_worker
         )
@@ -46,6 +50,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
                 design,
                 per_worker,
                 rate: 1,
+                pokes: true,
             });
         }
     }
@@ -53,19 +58,29 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
         design: Design::Tether,
         per_worker: 100,
         rate: 0,
+        pokes: true,
+    });
+    cases.push(Case {
+        design: Design::Tether,
+        per_worker: 100,
+        rate: 1,
+        pokes: false,
     });
     // One size at a time (the designs of a size side by side): a 2-core
     // machine running every fleet at once measures its own overload.
     let mut results = Vec::new();
-    for group in cases.chunk_by(|a, b| a.per_worker == b.per_worker && a.rate == b.rate) {
+    for group in
+        cases.chunk_by(|a, b| (a.per_worker, a.rate, a.pokes) == (b.per_worker, b.rate, b.pokes))
+    {
         results.extend(futures::future::join_all(group.iter().map(|c| one(ctx, *c))).await);
     }
     let mut out = serde_json::Map::new();
     for (case, result) in cases.iter().zip(results) {
         let result = result.map_err(|e| e.context(case.label()))?;
         println!(
-            "cost  {:<11} {:>3}/worker {:<6} {:>7.1} WRU/stream-hour {:>8.1} RRU/stream-hour  hottest key {:.1} WCU/s  (${:.0}/month for 10,000 streams; {} ownership changes in the window)",
+            "cost  {:<11}{} {:>3}/worker {:<6} {:>7.1} WRU/stream-hour {:>8.1} RRU/stream-hour  hottest key {:.1} WCU/s  (${:.0}/month for 10,000 streams; {} ownership changes in the window)",
             case.design.name(),
+            if case.pokes { "" } else { " (unpoked)" },
             case.per_worker,
             if case.rate == 0 { "idle" } else { "active" },
             result["wru_per_stream_hour"].as_f64().unwrap_or(0.0),
@@ -92,11 +107,19 @@ async fn one(ctx: &Ctx, case: Case) -> anyhow::Result<Value> {
         Design::Baseline => "prev00".to_string(),
         d => d.name().replace('.', ""),
     };
-    let ns = format!("cost-{design}-{}-{}", case.per_worker, case.rate);
+    let ns = format!(
+        "cost-{design}-{}-{}{}",
+        case.per_worker,
+        case.rate,
+        if case.pokes { "p" } else { "u" }
+    );
     let bed = case.design.bed(ctx, case.rate, &ns).await?;
     let names = bed.apply("s", case.per_worker * WORKERS).await?;
     let model = CapacityModel::start(loopback(), &endpoint().0, false).await?;
-    let fleet = case.design.fleet(ctx, &bed, &model.endpoint());
+    let mut fleet = case.design.fleet(ctx, &bed, &model.endpoint());
+    if !case.pokes {
+        fleet.env.retain(|(k, _)| k != crate::designs::ADVERTISE_IP);
+    }
     let (lease, heartbeat, reconcile) = case.design.timings(ctx);
     let mut workers: Vec<_> = (0..WORKERS)
         .map(|i| fleet.spawn(&format!("w{i}")))

@@ -9,6 +9,9 @@ use std::time::Duration;
 use tether_testkit::bed::{Bed, BedOptions};
 use tether_testkit::processes::FleetConfig;
 
+/// Where a worker is poked (`--advertise-ip`).
+pub const ADVERTISE_IP: &str = "TETHER_ADVERTISE_IP";
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Design {
     Tether,
@@ -81,7 +84,11 @@ impl Design {
         fleet.workers.fence_margin = Duration::from_secs(1);
         fleet.workers.drain_timeout = Duration::from_secs(10);
         match self {
-            Design::Tether | Design::Baseline => {}
+            // As the chart runs them: peers poke each other (a build that
+            // does not know the variable ignores it).
+            Design::Tether | Design::Baseline => {
+                fleet.env.push((ADVERTISE_IP.into(), "127.0.0.1".into()))
+            }
             Design::Today => fleet.extra_args = vec!["--max-clock-skew".into(), "2s".into()],
             Design::Seed => {
                 fleet.extra_args = vec![

@@ -76,7 +76,7 @@ impl Profile {
             failover_streams: 24,
             rolling_streams: 30,
             chaos: Duration::from_secs(150),
-            cost_window: Duration::from_secs(60),
+            cost_window: Duration::from_secs(180),
             scale_streams: 100_000,
             scale_workers: 20,
             session_steps: vec![1000, 5000, 10000],

@@ -187,6 +187,8 @@ fn markdown(r: &Value) -> String {
                 .unwrap_or("?");
             let idle = if label.ends_with("idle") {
                 " (idle)"
+            } else if label.ends_with("unpoked") {
+                " (no --advertise-ip)"
             } else {
                 ""
             };
