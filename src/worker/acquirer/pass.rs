@@ -111,8 +111,8 @@ pub(crate) struct Acquirer {
     pub(super) moved_in: HashSet<StreamKey>,
     /// The change counter and what quiet passes remember.
     pub(super) quiet: super::quiet_state::QuietState,
-    /// Streams chosen to hand over, released once peers had time to see the
-    /// announcement ([`super::quiet_state::ANNOUNCE_AHEAD`]).
+    /// Streams chosen to hand over and when that was announced; released
+    /// once peers had time to see the announcement (`release_deferred`).
     pub(super) deferred_handoff: Option<(Instant, Vec<HeldStream>)>,
     /// Where bounded reads of orphan partitions start.
     pub(super) spread: super::sampling::Spread,
@@ -648,13 +648,29 @@ impl Acquirer {
         // quiet peers are making full passes when the streams land, and take
         // them within a pass instead of at their next watch read.
         self.ctx.store.announce_change_soon();
-        self.deferred_handoff = Some((Instant::now() + super::quiet_state::ANNOUNCE_AHEAD, chosen));
+        self.deferred_handoff = Some((Instant::now(), chosen));
     }
 
     /// Releases the streams chosen for a handoff once their announcement had
-    /// time to reach quiet peers.
+    /// time to reach quiet peers: [`super::quiet_state::ANNOUNCE_AHEAD`] (a
+    /// read every 500 ms, or a poke, and a pass), or a heartbeat and a pass
+    /// when a poke failed since (that peer reads the counter once a
+    /// heartbeat).
     fn release_deferred(&mut self, now: Instant) {
-        let Some((_, chosen)) = self.deferred_handoff.take_if(|(due, _)| now >= *due) else {
+        let settings = &self.ctx.settings;
+        let unpoked = settings.heartbeat_interval + settings.reconcile_interval;
+        let ready = |announced: Instant| {
+            let ahead = if self.ctx.pokes.failed_since(announced) {
+                unpoked.max(super::quiet_state::ANNOUNCE_AHEAD)
+            } else {
+                super::quiet_state::ANNOUNCE_AHEAD
+            };
+            now >= announced + ahead
+        };
+        let Some((_, chosen)) = self
+            .deferred_handoff
+            .take_if(|(announced, _)| ready(*announced))
+        else {
             return;
         };
         // The cooldown runs from the releases: loads are stale until the

@@ -93,7 +93,7 @@ impl Acquirer {
                     .iter()
                     .filter(|r| r.state == WorkerState::Live && !draining.contains(&&r.incarnation))
                     .filter_map(|r| r.poke_addr)
-                    .collect(),
+                    .collect::<Vec<_>>(),
             );
             // One LIVE peer of an earlier release, which does not move the
             // change counter, and every pass is full.

@@ -25,18 +25,27 @@
 
 use super::overdue::successors;
 use super::pass::{Acquirer, live_incarnations};
-use super::quiet_state::{BUSY_AT_LEAST, BUSY_HEARTBEATS, WATCH_PERIOD, WATCHED_PEERS};
+use super::quiet_state::{
+    BUSY_AT_LEAST, BUSY_HEARTBEATS, POKE_READ_SPACING, UNANNOUNCED_FALLBACK, WATCH_PERIOD,
+    WATCHED_PEERS,
+};
 use crate::lease::{Incarnation, StoreError, WorkerState};
 use std::time::Duration;
 use tokio::time::Instant;
 
 impl Acquirer {
     /// How often the counter is read: every [`WATCH_PERIOD`], or once a
-    /// heartbeat when peers poke this worker (it gave them an address and
-    /// every LIVE peer pokes; a peer of an earlier release does not, so
-    /// during a rolling upgrade the counter is read as before).
-    fn watch_period(&self) -> Duration {
-        if self.ctx.settings.poke_addr.is_some() && self.quiet.peers_poke {
+    /// heartbeat when peers poke this worker: it gave them an address, every
+    /// LIVE peer pokes (a peer of an earlier release does not, so during a
+    /// rolling upgrade the counter is read as before), and no read found a
+    /// move that no poke had announced within [`UNANNOUNCED_FALLBACK`]
+    /// (pokes that do not arrive: a network policy, a wrong address).
+    fn watch_period(&self, now: Instant) -> Duration {
+        let unannounced = self
+            .quiet
+            .unannounced_at
+            .is_some_and(|t| now.duration_since(t) < UNANNOUNCED_FALLBACK);
+        if self.ctx.settings.poke_addr.is_some() && self.quiet.peers_poke && !unannounced {
             self.ctx.settings.heartbeat_interval.max(WATCH_PERIOD)
         } else {
             WATCH_PERIOD
@@ -75,14 +84,28 @@ impl Acquirer {
     /// a full pass.
     pub(super) async fn quiet_pass(&mut self, now: Instant) -> Result<bool, StoreError> {
         // Taken before the read is sent: a poke arriving meanwhile is for a
-        // later bump, and stays for the next pass.
-        if self.ctx.pokes.take() {
-            let changes = self.ctx.store.changes_now().await?;
+        // later bump, and stays for the next pass. At most one such read a
+        // second, whatever arrives (a moved counter keeps passes full for
+        // seconds, so a real poke loses nothing by it).
+        let poke_read_due = self
+            .quiet
+            .last_poke_read
+            .is_none_or(|t| now.duration_since(t) >= POKE_READ_SPACING);
+        if poke_read_due && self.ctx.pokes.take() {
+            self.quiet.last_poke_read = Some(now);
+            let changes = match self.ctx.store.changes_now().await {
+                Ok(changes) => changes,
+                Err(e) => {
+                    // What it announced was not read: the next pass tries again.
+                    self.ctx.pokes.ring_again();
+                    return Err(e);
+                }
+            };
             if self.quiet.saw(changes, Instant::now()) {
                 return Ok(true);
             }
         }
-        let period = self.watch_period();
+        let period = self.watch_period(now);
         let counter_due = self
             .quiet
             .last_watch
@@ -99,6 +122,12 @@ impl Acquirer {
         }
         let read = self.read_watched(&due, counter_due).await?;
         let now = read.answered;
+        if read.moved && !self.ctx.pokes.pending() {
+            // No poke announced it (a poked read comes first, and none is
+            // waiting for its turn): if that was a poke lost, read every
+            // 500 ms for a while.
+            self.quiet.unannounced_at = Some(now);
+        }
         // Only the watched peers are judged here: the others' versions are
         // as old as the last full pass, and are their own watchers' to judge.
         // A watched peer not read now is not due, so not overdue either.

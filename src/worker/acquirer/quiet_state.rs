@@ -11,6 +11,12 @@ use tokio::time::Instant;
 /// peers are read on their own schedule (`renewal_forecast`). A worker its
 /// peers poke reads it once a heartbeat instead (`worker::pokes`).
 pub(super) const WATCH_PERIOD: Duration = Duration::from_millis(500);
+/// Reads of the counter for pokes come at least this far apart, however
+/// many pokes arrive.
+pub(super) const POKE_READ_SPACING: Duration = Duration::from_secs(1);
+/// After a read found a move no poke had announced, the counter is read
+/// every [`WATCH_PERIOD`] for this long (pokes may not be arriving).
+pub(super) const UNANNOUNCED_FALLBACK: Duration = Duration::from_secs(60);
 /// Longest time between two full passes.
 pub(super) const FULL_PASS_PERIOD: Duration = Duration::from_secs(30);
 /// Passes stay full this many heartbeats after the counter moved ...
@@ -19,7 +25,8 @@ pub(super) const BUSY_HEARTBEATS: u32 = 2;
 pub(super) const BUSY_AT_LEAST: Duration = Duration::from_secs(5);
 /// A worker that decided to hand streams over to rebalance announces it and
 /// waits this long before releasing them, so quiet peers are making full
-/// passes when the streams land: one watch read and a pass.
+/// passes when the streams land: one watch read (or a poke) and a pass. A
+/// heartbeat and a pass when a poke failed since (`pass::release_deferred`).
 pub(super) const ANNOUNCE_AHEAD: Duration = Duration::from_millis(750);
 /// Peers each worker watches (the ring successors): every worker is watched
 /// by this many others. Two, so a worker and one of its watchers crashing
@@ -49,6 +56,10 @@ pub(super) struct QuietState {
     /// Every LIVE peer of the last full refresh pokes its peers after it
     /// moves the counter.
     pub(super) peers_poke: bool,
+    /// When the counter was last read for a poke.
+    pub(super) last_poke_read: Option<Instant>,
+    /// When a quiet read last found a move that no poke had announced.
+    pub(super) unannounced_at: Option<Instant>,
     /// The fleet as the last full pass read it.
     pub(super) fleet: Vec<FleetEntry>,
 }
