@@ -73,10 +73,15 @@ impl Acquirer {
         } = self.read_watched(&to_read, true).await?;
         let silence = self.ctx.settings.heartbeat_interval * PEER_SILENCE_HEARTBEATS;
         if full {
+            // The peers that take streams: fair share's view, and the ones
+            // to tell of a change.
+            let taking: Vec<&WorkerRecord> = records
+                .iter()
+                .filter(|r| r.state == WorkerState::Live && !draining.contains(&&r.incarnation))
+                .collect();
             self.view = FleetView {
-                peers: records
+                peers: taking
                     .iter()
-                    .filter(|r| r.state == WorkerState::Live && !draining.contains(&&r.incarnation))
                     .map(|r| Peer {
                         incarnation: r.incarnation.clone(),
                         held: r.held,
@@ -87,14 +92,9 @@ impl Acquirer {
                     .collect(),
             };
             self.ctx.metrics.live_workers.set(self.view.live() as i64);
-            // The peers that take streams are the ones to tell of a change.
-            self.ctx.pokes.set_peers(
-                records
-                    .iter()
-                    .filter(|r| r.state == WorkerState::Live && !draining.contains(&&r.incarnation))
-                    .filter_map(|r| r.poke_addr)
-                    .collect::<Vec<_>>(),
-            );
+            self.ctx
+                .pokes
+                .set_peers(taking.iter().filter_map(|r| r.poke_addr));
             // One LIVE peer of an earlier release, which does not move the
             // change counter, and every pass is full.
             self.quiet.set_peers_announce(workers, &self.me, &records);
