@@ -35,9 +35,16 @@ async fn a_quiet_fleet_reads_the_change_counter_and_still_acts_on_every_change()
     .unwrap();
 
     // Steady state: over six seconds (eight heartbeats) neither worker
-    // queries the fleet or the unowned partitions; both still watch.
+    // queries the fleet or the unowned partitions; both still watch; and
+    // each audits its 8 partitions at most once (every 16 heartbeats while
+    // the counter stands still; every 4, twice in the window, until 0.4).
     until_quiet(&[&a, &b], QUIET).await.unwrap();
-    let ops = ["query_fleet", "query_unowned", "batch_get_workers"];
+    let ops = [
+        "query_fleet",
+        "query_unowned",
+        "batch_get_workers",
+        "query_held",
+    ];
     let mut before = Vec::new();
     for w in [&a, &b] {
         for op in ops {
@@ -58,6 +65,10 @@ async fn a_quiet_fleet_reads_the_change_counter_and_still_acts_on_every_change()
             "worker {name} queried the fleet / unowned partitions while nothing changed"
         );
         assert!(made[2] >= 5.0, "worker {name} stopped watching: {made:?}");
+        assert!(
+            made[3] <= 8.0,
+            "worker {name} audited its partitions more than once while nothing changed: {made:?}"
+        );
     }
 
     // A stream created while the fleet is quiet is taken at once.

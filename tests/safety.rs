@@ -677,17 +677,17 @@ async fn a_stream_deleted_and_applied_again_after_its_owner_crashed_starts_from_
 }
 
 /// Desired state reaches the owner level-triggered (property 5b): a STOPPED
-/// written into an item with nobody telling the owner is acted on at the
-/// owner's audit (the index shows it); a new spec whose notification was lost
-/// with its writer is told again by the next mirror of the resource (here
-/// `apply` run again), which finds the item already written and its owner
-/// still serving the older generation.
+/// and a new spec written into the items with nobody telling the owner (the
+/// notifications lost with their writer) are told again by the next mirror
+/// of each resource (here `apply` run again), which finds the item already
+/// written and its owner still holding a STOPPED stream, or serving the
+/// older generation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn changes_nobody_announced_are_acted_on_by_the_owners_audit() {
+async fn changes_nobody_announced_are_acted_on_when_mirrored_again() {
     let mut bed = bed().await;
-    // Audits every 20 s, the first 20 s after the start: the sweep that
-    // re-reads every held item (once per 32 audits) cannot be what acts on
-    // the new spec, which is served within seconds of the start.
+    // Audit ticks every 20 s, the first 20 s after the start: neither the
+    // audit nor the sweep can be what acts on the changes, which are acted
+    // on within seconds of the start.
     bed.fleet.workers.lease_duration = Duration::from_secs(15);
     bed.fleet.workers.heartbeat_interval = Duration::from_secs(5);
     let names = bed.apply("quiet", 2).await.unwrap();
@@ -729,9 +729,19 @@ async fn changes_nobody_announced_are_acted_on_by_the_owners_audit() {
         bed.upstream.open_sessions().contains_key(names[1].as_str()),
         "the unannounced spec was acted on before anyone mirrored it again"
     );
-    // Mirrored again: the item already matches, its owner serves generation 1.
+    // Mirrored again: the items already match, their owner holds a STOPPED
+    // stream and serves generation 1 of the other.
     assert_eq!(
         bed.store.upsert_desired(&desired).await.unwrap(),
+        tether::lease::UpsertOutcome::Unchanged
+    );
+    let stopped = bed.spec(&names[0]).to_desired(bed.key(&names[0]), 1, None);
+    let stopped = tether::lease::DesiredStream {
+        desired_state: tether::lease::DesiredState::Stopped,
+        ..stopped
+    };
+    assert_eq!(
+        bed.store.upsert_desired(&stopped).await.unwrap(),
         tether::lease::UpsertOutcome::Unchanged
     );
     eventually(
@@ -744,13 +754,87 @@ async fn changes_nobody_announced_are_acted_on_by_the_owners_audit() {
     )
     .await;
     eventually(
-        Duration::from_secs(40),
+        Duration::from_secs(10),
         "the stopped stream is closed and released",
         || async {
             let item = bed.store.get(&bed.key(&names[0])).await.unwrap().unwrap();
             !bed.upstream.open_sessions().contains_key(names[0].as_str())
                 && item.ownership() == Ownership::Free
         },
+    )
+    .await;
+}
+
+/// A STOPPED written into an item with no notification, no bump of the
+/// change counter and no mirror after it (a person editing the table) is
+/// acted on at the owner's audit of its partitions, at the latest every 16
+/// heartbeats while the counter stands still; one followed by a bump (a
+/// writer whose notification alone was lost) at the next audit tick, every
+/// 4 heartbeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_nobody_announced_is_acted_on_at_the_audit_and_a_bump_brings_it_forward() {
+    let mut bed = bed().await;
+    // Ticks every 4 s, audits at least every 16 s.
+    bed.fleet.workers.lease_duration = Duration::from_secs(3);
+    bed.fleet.workers.heartbeat_interval = Duration::from_secs(1);
+    let names = bed.apply("unsaid", 2).await.unwrap();
+    let w = bed.fleet.spawn("w").unwrap();
+    eventually(Duration::from_secs(20), "both streams are served", || {
+        bed.all_connected_once(&names)
+    })
+    .await;
+    let raw = raw_client().await;
+    let stop = |name: &str| {
+        raw.update_item()
+            .table_name(bed.store.table())
+            .key("Pk", AttributeValue::S(bed.key(name).pk()))
+            .update_expression("SET desired_state = :v")
+            .expression_attribute_values(":v", AttributeValue::S("STOPPED".into()))
+            .send()
+    };
+    let released = |name: String| {
+        let bed = &bed;
+        move || {
+            let name = name.clone();
+            async move {
+                let item = bed.store.get(&bed.key(&name)).await.unwrap().unwrap();
+                !bed.upstream.open_sessions().contains_key(name.as_str())
+                    && item.ownership() == Ownership::Free
+            }
+        }
+    };
+    // Unannounced: the audit at most 16 heartbeats after the last one.
+    stop(&names[0]).await.unwrap();
+    eventually(
+        Duration::from_secs(25),
+        "the stream stopped by hand is released",
+        released(names[0].clone()),
+    )
+    .await;
+    // Its release moved the counter: audits follow ticks until one lands
+    // past the index's lag after it (5 s here). Once no audit came for 6 s,
+    // the next is the one 16 heartbeats on; right after it, the counter
+    // moves after the write: the next tick audits, 4 s on, where without
+    // the bump the next audit would be 16 s on.
+    let audits = || w.requests("query_held");
+    let (mut seen, mut since) = (audits().await, std::time::Instant::now());
+    while since.elapsed() < Duration::from_secs(6) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = audits().await;
+        if now != seen {
+            (seen, since) = (now, std::time::Instant::now());
+        }
+    }
+    eventually(Duration::from_secs(20), "the quiet audit", || async {
+        audits().await != seen
+    })
+    .await;
+    stop(&names[1]).await.unwrap();
+    bed.store.announce_change().await;
+    eventually(
+        Duration::from_secs(8),
+        "the stream stopped with a bump is released within a tick",
+        released(names[1].clone()),
     )
     .await;
 }

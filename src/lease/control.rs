@@ -120,7 +120,7 @@ fn matches(current: &StreamRecord, desired: &DesiredStream) -> bool {
 /// after an error, `tether apply` run again) tells the owner instead. The
 /// owner re-reads the item and acts only on what differs, so a needless
 /// notification costs one read.
-fn owner_behind(record: &StreamRecord) -> Option<super::keys::Incarnation> {
+fn owner_behind(record: &StreamRecord) -> Option<Behind> {
     let generation_behind = record
         .served_generation
         .is_some_and(|served| served < record.generation);
@@ -128,10 +128,25 @@ fn owner_behind(record: &StreamRecord) -> Option<super::keys::Incarnation> {
         .served_requests
         .as_ref()
         .is_some_and(|served| *served != record.requests);
+    // An owner that acted on STOPPED (or a deletion) released the stream:
+    // one still holding it was not told, or is releasing it now.
+    let stop_behind = record.desired_state == DesiredState::Stopped;
     match record.ownership() {
-        Ownership::Owned(owner) if generation_behind || requests_behind => Some(owner),
+        Ownership::Owned(owner) if generation_behind || requests_behind || stop_behind => {
+            Some(Behind {
+                owner,
+                stop: stop_behind,
+            })
+        }
         _ => None,
     }
+}
+
+/// An owner to remind, and whether of a STOPPED (or deleted) stream.
+#[derive(Debug, PartialEq, Eq)]
+struct Behind {
+    owner: super::keys::Incarnation,
+    stop: bool,
 }
 
 impl LeaseStore {
@@ -139,10 +154,18 @@ impl LeaseStore {
     /// session still runs an older generation or has not acted on a request
     /// ([`owner_behind`]): for whoever finds the item already mirrored.
     pub async fn remind_owner_behind(&self, record: &StreamRecord) -> Result<(), StoreError> {
-        match owner_behind(record) {
-            Some(owner) => self.notify_owner(&owner, &record.key).await,
-            None => Ok(()),
+        let Some(behind) = owner_behind(record) else {
+            return Ok(());
+        };
+        let told = self.notify_owner(&behind.owner, &record.key).await;
+        // The owner's audit follows the counter, and finds a STOPPED or
+        // deleted stream in its partitions: a reminder of one, or one that
+        // failed, moves the counter. A spec reminder that landed does not
+        // (the audit cannot see specs; the owner reads its inbox).
+        if behind.stop || told.is_err() {
+            self.announce_change().await;
         }
+        told
     }
 
     /// Whether `record` already carries `desired` (and would be left
@@ -176,10 +199,14 @@ impl LeaseStore {
                         self.remind_owner_behind(c).await?;
                         return Ok(UpsertOutcome::Unchanged);
                     }
-                    if let Ownership::Owned(owner) = c.ownership() {
-                        self.notify_owner(&owner, key).await?;
-                    }
+                    let told = match c.ownership() {
+                        Ownership::Owned(owner) => self.notify_owner(&owner, key).await,
+                        _ => Ok(()),
+                    };
+                    // Moved whether or not the owner was told: its audit
+                    // follows the counter.
                     self.announce_change().await;
+                    told?;
                     return Ok(UpsertOutcome::Applied);
                 }
             }
@@ -267,12 +294,15 @@ impl LeaseStore {
             }
             wrote = true;
             if self.guarded_write("upsert_desired", key, &g).await? {
-                if let Ownership::Owned(owner) = ownership {
-                    self.notify_owner(&owner, key).await?;
-                }
+                let told = match ownership {
+                    Ownership::Owned(owner) => self.notify_owner(&owner, key).await,
+                    _ => Ok(()),
+                };
                 // A new or started stream is up for grabs: workers reading
-                // the change counter look for it.
+                // the change counter look for it; an owner's audit follows
+                // it, whether or not the owner was told.
                 self.announce_change().await;
+                told?;
                 return Ok(UpsertOutcome::Applied);
             }
         }
@@ -301,11 +331,16 @@ impl LeaseStore {
             };
             if current.is_tombstone() {
                 if !wrote {
+                    // Deleted before: an owner still holding it is reminded.
+                    self.remind_owner_behind(&current).await?;
                     return Ok(TombstoneOutcome::NotFound);
                 }
-                if let Ownership::Owned(owner) = current.ownership() {
-                    self.notify_owner(&owner, key).await?;
-                }
+                let told = match current.ownership() {
+                    Ownership::Owned(owner) => self.notify_owner(&owner, key).await,
+                    _ => Ok(()),
+                };
+                self.announce_change().await;
+                told?;
                 return Ok(TombstoneOutcome::Deleted);
             }
             let ownership = current.ownership();
@@ -334,9 +369,14 @@ impl LeaseStore {
             }
             wrote = true;
             if self.guarded_write("tombstone", key, &g).await? {
-                if let Ownership::Owned(owner) = ownership {
-                    self.notify_owner(&owner, key).await?;
-                }
+                let told = match ownership {
+                    Ownership::Owned(owner) => self.notify_owner(&owner, key).await,
+                    _ => Ok(()),
+                };
+                // Moved whether or not the owner was told: its audit follows
+                // the counter (`acquirer::audit`).
+                self.announce_change().await;
+                told?;
                 return Ok(TombstoneOutcome::Deleted);
             }
         }
@@ -478,7 +518,7 @@ mod tests {
     #[test]
     fn only_an_owner_serving_an_older_generation_is_told_again() {
         let (behind, owner) = owned_at(3, Some(2));
-        assert_eq!(owner_behind(&behind), Some(owner));
+        assert_eq!(owner_behind(&behind), Some(Behind { owner, stop: false }));
         // Serving it, or nothing written yet (it read the item when it took it).
         assert_eq!(owner_behind(&owned_at(3, Some(3)).0), None);
         assert_eq!(owner_behind(&owned_at(3, None).0), None);
@@ -491,16 +531,30 @@ mod tests {
     }
 
     #[test]
+    fn an_owner_still_holding_a_stopped_stream_is_told_again() {
+        let (mut record, owner) = owned_at(3, Some(3));
+        record.desired_state = DesiredState::Stopped;
+        assert_eq!(owner_behind(&record), Some(Behind { owner, stop: true }));
+        // Released: nobody to tell.
+        record.lease_expires_at_ms = 0;
+        assert_eq!(owner_behind(&record), None);
+    }
+
+    #[test]
     fn an_owner_whose_session_has_not_acted_on_a_request_is_told_again() {
         let (mut record, owner) = owned_at(3, Some(3));
         record.requests.reconnect = Some("r1".into());
         // An owner of an earlier release records nothing it served.
         assert_eq!(owner_behind(&record), None);
         record.served_requests = Some(OwnerRequests::default());
-        assert_eq!(owner_behind(&record), Some(owner.clone()));
+        let told = Some(Behind {
+            owner: owner.clone(),
+            stop: false,
+        });
+        assert_eq!(owner_behind(&record), told);
         record.served_requests = Some(record.requests.clone());
         assert_eq!(owner_behind(&record), None);
         record.requests.move_away = Some("m1".into());
-        assert_eq!(owner_behind(&record), Some(owner));
+        assert_eq!(owner_behind(&record), Some(Behind { owner, stop: false }));
     }
 }

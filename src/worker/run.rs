@@ -280,15 +280,19 @@ fn holder_ended(
         }
         match end {
             Some(HolderEnd::Released(_)) => released.notify_one(),
+            Some(HolderEnd::Withheld) => {
+                tracing::info!(stream = %key, "holder ended, the stream withheld")
+            }
             Some(end) => {
                 // Lost may mean re-created under this very incarnation at a
-                // new token: the audit adopts it as the new stream it is.
-                if end == HolderEnd::Lost {
-                    registry.request_audit();
-                }
+                // new token; a failed release leaves it owned: either way
+                // the audit, at the next pass, adopts what is still ours
+                // (the periodic one may be 16 heartbeats away).
+                registry.request_audit();
                 tracing::info!(stream = %key, ?end, "holder ended")
             }
             None => {
+                registry.request_audit();
                 tracing::error!(stream = %key, "holder task panicked; the audit will serve the stream again")
             }
         }
@@ -430,15 +434,28 @@ async fn acquire_loop(
             _ = sleep_until(next) => {}
             _ = stop.cancelled() => return acquirer,
         }
-        tokio::select! {
-            result = acquirer.pass() => if let Err(e) = result {
-                tracing::warn!(error = %e, "acquisition pass failed");
+        let passed = tokio::select! {
+            result = acquirer.pass() => match result {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "acquisition pass failed");
+                    false
+                }
             },
             // A pass cut short may leave an acquire whose answer is unknown:
             // the final audit releases it.
             _ = stop.cancelled() => return acquirer,
-        }
-        next = Instant::now() + super::settings::jittered(interval);
+        };
+        // A quiet worker reads a watched peer when its renewal is due, not
+        // at the next pass after that (see `acquirer::renewal_forecast`);
+        // after a failed pass, at the usual interval (a failing store is not
+        // retried any faster).
+        let now = Instant::now();
+        let usual = now + super::settings::jittered(interval);
+        next = match acquirer.next_watched_read(now) {
+            Some(due) if passed => due.min(usual),
+            _ => usual,
+        };
     }
 }
 

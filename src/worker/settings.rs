@@ -32,19 +32,28 @@ pub(super) const REBALANCE_GRACE_INTERVALS: u32 = 4;
 /// Unowned partitions are scanned at least this often even when no peer
 /// released anything (new streams from the control plane are found so).
 pub(super) const UNOWNED_SCAN_PERIOD: Duration = Duration::from_secs(1);
-/// Own partitions are audited every this many heartbeats: anything owned but
-/// not served (an acquire whose answer was lost, a task that died) is adopted.
+/// The audit's tick, in heartbeats: own partitions are audited this often
+/// while the change counter moves (anything owned but not served, an
+/// acquire whose answer was lost, a task that died, is adopted; a change a
+/// holder was not told of is acted on), and the sweep and the roster look
+/// at every tick (`acquirer::audit`).
 pub(super) const AUDIT_HEARTBEATS: u32 = 4;
-/// Each held stream's item is re-read by its holder every this many audits
-/// (a share of them at each audit): the last resort for a spec written with
+/// Own partitions are audited at least this often, in heartbeats, when the
+/// change counter stood still since the last audit (64 s with the
+/// defaults): what waits that long is a write announced by neither a
+/// notification nor a bump. Every 4 heartbeats, as before, the audit's
+/// queries were a fifth of a quiet worker's reads.
+pub(super) const QUIET_AUDIT_HEARTBEATS: u32 = 16;
+/// Each held stream's item is re-read by its holder every this many ticks
+/// (a share of them at each tick): the last resort for a spec written with
 /// no notification at all (by hand, or by a writer of an earlier release),
-/// acted on within `AUDIT_HEARTBEATS × CONTROL_SWEEP_AUDITS` heartbeats
+/// acted on within `AUDIT_HEARTBEATS × CONTROL_SWEEP_TICKS` heartbeats
 /// (8.5 min with the defaults). A notification lost with its writer is
 /// repaired sooner, by whoever mirrors the resource next
 /// (`lease::owner_behind`); STOPPED and deletions show in the index and are
-/// acted on at the next audit. Every 64 s, as before, this sweep was half
-/// of a quiet worker's reads at 100 streams.
-pub(super) const CONTROL_SWEEP_AUDITS: u64 = 32;
+/// acted on at the next audit. Every 64 s, as before 0.3, this sweep was
+/// half of a quiet worker's reads at 100 streams.
+pub(super) const CONTROL_SWEEP_TICKS: u64 = 32;
 /// Share of the drain timeout a stream's session may take to flush and close;
 /// the rest is for releasing (a slow sink must never cost the release).
 pub(super) const DRAIN_STOP_SHARE: f64 = 0.5;

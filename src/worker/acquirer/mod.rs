@@ -1,4 +1,5 @@
-//! Taking streams: the acquisition pass (`pass`), fair share (`fair_share`,
+//! Taking streams: the acquisition pass (`pass`), the audit of its own
+//! partitions (`audit`), fair share (`fair_share`,
 //! with the total a giver counts in `peak_total`),
 //! reading peers and the fleet view (`peers`), declaring the overdue dead on
 //! this worker's monotonic clock (`overdue`, with when a watched peer is next
@@ -7,6 +8,7 @@
 //! partition a pass reads (`sampling`), and when a pass may skip
 //! the fleet's reads (`quiet`, with what it remembers in `quiet_state`).
 
+mod audit;
 mod departed;
 mod fair_share;
 mod overdue;

@@ -21,8 +21,8 @@ use crate::lease::{
 };
 use crate::worker::fence::Fence;
 use crate::worker::settings::{
-    AUDIT_HEARTBEATS, CONTROL_SWEEP_AUDITS, EXTRA_HANDOFF_COOLDOWNS, HANDOFF_COOLDOWN_HEARTBEATS,
-    PEAK_TOTAL_HEARTBEATS, REBALANCE_GRACE_INTERVALS, SHARE_GRACE_INTERVALS, UNOWNED_SCAN_PERIOD,
+    EXTRA_HANDOFF_COOLDOWNS, HANDOFF_COOLDOWN_HEARTBEATS, PEAK_TOTAL_HEARTBEATS,
+    REBALANCE_GRACE_INTERVALS, SHARE_GRACE_INTERVALS, UNOWNED_SCAN_PERIOD,
 };
 use crate::worker::shared::Shared;
 use crate::worker::stream::StreamProgress;
@@ -89,9 +89,8 @@ pub(crate) struct Acquirer {
     pub(super) last_unowned_scan: Option<Instant>,
     pub(super) orphans_seen: bool,
     pub(super) last_full_refresh: Option<Instant>,
-    pub(super) last_audit: Instant,
-    /// Audits done so far (which share of the held streams the next one re-reads).
-    pub(super) audits: u64,
+    /// When the audit, the sweep and the roster's look are next due.
+    pub(super) audit_schedule: super::audit::AuditSchedule,
     pub(super) last_handoff: Option<Instant>,
     /// When an extra stream (beyond the excess) was last handed over.
     pub(super) last_extra_handoff: Option<Instant>,
@@ -148,8 +147,7 @@ impl Acquirer {
             last_unowned_scan: None,
             orphans_seen: true,
             last_full_refresh: None,
-            last_audit: Instant::now(),
-            audits: 0,
+            audit_schedule: super::audit::AuditSchedule::new(Instant::now()),
             last_handoff: None,
             last_extra_handoff: None,
             last_peer_release: None,
@@ -232,25 +230,6 @@ impl Acquirer {
         if self.quiet.full_pass(fleet.workers, now) {
             // Ready to take streams: peers hand some over to a newcomer.
             self.ctx.store.announce_change().await;
-        }
-        Ok(())
-    }
-
-    /// The audit, when asked for or due; with it, now and then, a look for
-    /// enrolled incarnations `workers` (the fleet) does not list.
-    async fn audit_if_due(
-        &mut self,
-        now: Instant,
-        workers: &[FleetEntry],
-    ) -> Result<(), StoreError> {
-        let audit_due = now.duration_since(self.last_audit)
-            >= self.ctx.settings.heartbeat_interval * AUDIT_HEARTBEATS;
-        if self.registry.take_audit_request() || audit_due {
-            self.last_audit = now;
-            self.audit().await?;
-            if audit_due {
-                self.find_vanished(workers).await?;
-            }
         }
         Ok(())
     }
@@ -538,7 +517,12 @@ impl Acquirer {
     }
 
     /// Registers a stream this incarnation owns and hands it to the main loop.
-    fn adopt(&mut self, lease: Lease, record: StreamRecord, dead_owner_checkpoint: Option<u64>) {
+    pub(super) fn adopt(
+        &mut self,
+        lease: Lease,
+        record: StreamRecord,
+        dead_owner_checkpoint: Option<u64>,
+    ) {
         let checkpoint = record.checkpoint.max(dead_owner_checkpoint);
         let held = HeldStream {
             progress: Arc::new(StreamProgress::new(checkpoint, record.checkpoint)),
@@ -685,83 +669,6 @@ impl Acquirer {
         }
     }
 
-    /// Reconciles this incarnation's streams with the table, level-triggered,
-    /// so a lost notification or a lost answer costs at most an audit period:
-    /// adopts what it owns but does not serve; has every held stream whose
-    /// index entry shows a change the holder has not acted on (STOPPED,
-    /// deleted, another token) re-read by its holder, and so every held
-    /// stream no longer in its partitions (taken or re-created); and, as
-    /// specs are not in the index, a rolling share of the rest, so each held
-    /// stream's item is re-read every [`CONTROL_SWEEP_AUDITS`] audits.
-    pub(crate) async fn audit(&mut self) -> Result<usize, StoreError> {
-        let found = self.ctx.store.held_by(&self.me).await?;
-        self.audits += 1;
-        let mut indexed = HashSet::new();
-        let mut adopted = 0;
-        for r in found.records {
-            if r.ownership() != Ownership::Owned(self.me.clone()) {
-                continue;
-            }
-            indexed.insert(r.key.clone());
-            if let Some(held) = self.registry.get(&r.key) {
-                if r.lease_counter != held.lease.counter
-                    || r.desired_state != DesiredState::Started
-                    || r.is_tombstone()
-                {
-                    held.signals.changed.notify_one();
-                }
-                continue;
-            }
-            // The index item lacks the spec: read the whole item.
-            let Some(full) = self.ctx.store.get(&r.key).await? else {
-                continue;
-            };
-            if full.ownership() != Ownership::Owned(self.me.clone())
-                || self.registry.contains(&full.key)
-            {
-                continue;
-            }
-            self.pending.remove(&full.key);
-            tracing::warn!(stream = %full.key, "owned but not served (an answer was lost or a task ended): serving it");
-            self.ctx
-                .metrics
-                .acquires
-                .get_or_create(&[("result", "adopted")])
-                .inc();
-            let lease = Lease {
-                key: full.key.clone(),
-                owner: self.me.clone(),
-                counter: full.lease_counter,
-            };
-            self.adopt(lease, full, None);
-            adopted += 1;
-        }
-        for held in self.registry.snapshot() {
-            let key = &held.lease.key;
-            if !indexed.contains(key) || sweep_turn(key, self.audits) {
-                held.signals.changed.notify_one();
-            }
-        }
-        Ok(adopted)
-    }
-
-    /// Declares dead every enrolled incarnation the fleet does not list (its
-    /// worker item is gone): its streams then move like any dead worker's
-    /// (see `lease::roster`). A false alarm costs one failed conditional put.
-    async fn find_vanished(&mut self, workers: &[FleetEntry]) -> Result<(), StoreError> {
-        let listed: HashSet<&Incarnation> = workers.iter().map(|w| &w.incarnation).collect();
-        for who in self.ctx.store.roster().await? {
-            if who == self.me || listed.contains(&who) {
-                continue;
-            }
-            if self.ctx.store.declare_vanished_dead(&who).await? {
-                self.ctx.metrics.workers_declared_dead.inc();
-                tracing::warn!(worker = %who, "an enrolled worker has no worker item (removed by TTL or by hand): declared dead, its streams move");
-            }
-        }
-        Ok(())
-    }
-
     /// Streams this incarnation owns in the table (for the final shutdown audit).
     pub(crate) async fn owned_in_table(&self) -> Result<Vec<StreamRecord>, StoreError> {
         let found = self.ctx.store.held_by(&self.me).await?;
@@ -809,13 +716,4 @@ impl Acquirer {
         }
         Ok((sample.found, sample.complete))
     }
-}
-
-/// Whether `key`'s item is re-read in audit number `audit`: each stream in one
-/// audit of every [`CONTROL_SWEEP_AUDITS`], spread evenly.
-fn sweep_turn(key: &StreamKey, audit: u64) -> bool {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut hasher);
-    hasher.finish() % CONTROL_SWEEP_AUDITS == audit % CONTROL_SWEEP_AUDITS
 }

@@ -14,10 +14,10 @@
 //! earlier release, costs at most that). Otherwise the pass is *quiet*: it
 //! reads the counter every [`WATCH_PERIOD`] (or, when peers poke this worker
 //! after their changes, once a heartbeat and when poked; see
-//! `worker::pokes`), and a watched peer just after
-//! its next renewal should have landed and at every pass after until it
-//! shows (`renewal_forecast`): about twice per heartbeat rather than at
-//! every watch read.
+//! `worker::pokes`), and a watched peer just after its next renewal should
+//! have landed, waking for it between passes, and a retry after each read
+//! that did not show it (`renewal_forecast`): about 1.4 times per heartbeat
+//! rather than at every watch read.
 //!
 //! Reads only ever decide *when* to look: every ownership change is still a
 //! conditional write, so a quiet pass can delay a pickup and never cause an
@@ -74,6 +74,18 @@ impl Acquirer {
             && !recent(self.last_acquired, busy)
             && self.fence.is_valid()
             && (!self.ctx.settings.rebalance || self.view.balanced(staying))
+    }
+
+    /// When a quiet worker should run its next pass before the usual
+    /// interval: a watched peer's read falls due (see `renewal_forecast`).
+    /// `None` while passes are full (they read every watched peer anyway).
+    pub(crate) fn next_watched_read(&self, now: Instant) -> Option<Instant> {
+        if !self.may_stay_quiet(now) {
+            return None;
+        }
+        let live = live_incarnations(&self.quiet.fleet);
+        let watched = successors(&self.me, &live, WATCHED_PEERS);
+        self.observer.next_due(&watched, now)
     }
 
     /// A quiet pass: reads the counter every [`WATCH_PERIOD`] (once a
