@@ -8,9 +8,9 @@
 //! 100 streams), and what it looks for is a write someone made. Every write
 //! an owner should act on (a control write, a reminder, an acquisition, a
 //! death) moves the counter once it landed, so a worker audits every
-//! [`AUDIT_HEARTBEATS`] heartbeats while the counter moved since (or
+//! `AUDIT_HEARTBEATS` heartbeats (4) while the counter moved since (or
 //! shortly before) its last audit, and otherwise every
-//! [`QUIET_AUDIT_HEARTBEATS`]. What waits for the longer period is a write
+//! `QUIET_AUDIT_HEARTBEATS` (16; `audit_schedule`). What waits for the longer period is a write
 //! with neither its notification nor its bump (a person editing the table, a
 //! writer of an earlier release, a writer that crashed between its write and
 //! both), and for the last, whoever mirrors the resource next reminds the
@@ -19,86 +19,12 @@
 //! announces.
 
 use super::pass::Acquirer;
-use super::quiet_state::{BUSY_AT_LEAST, BUSY_HEARTBEATS};
 use crate::lease::{
     DesiredState, FleetEntry, Incarnation, Lease, Ownership, StoreError, StreamKey,
 };
-use crate::worker::settings::{AUDIT_HEARTBEATS, CONTROL_SWEEP_TICKS, QUIET_AUDIT_HEARTBEATS};
+use crate::worker::settings::CONTROL_SWEEP_TICKS;
 use std::collections::HashSet;
-use std::time::Duration;
 use tokio::time::Instant;
-
-/// When the audit, the sweep and the roster are next due.
-#[derive(Debug)]
-pub(super) struct AuditSchedule {
-    /// The last tick (every [`AUDIT_HEARTBEATS`]): the sweep and the roster.
-    last_tick: Instant,
-    /// Ticks so far: which share of the held streams the next sweep re-reads.
-    ticks: u64,
-    /// The last audit of the partitions.
-    last_audit: Instant,
-    /// An audit failed: the next tick audits again.
-    owed: bool,
-}
-
-/// What a pass does of the audit's work.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct AuditDue {
-    /// Read the partitions back.
-    pub(super) audit: bool,
-    /// The sweep's turn number and the roster's look, at a tick.
-    pub(super) tick: Option<u64>,
-}
-
-impl AuditSchedule {
-    pub(super) fn new(now: Instant) -> Self {
-        Self {
-            last_tick: now,
-            ticks: 0,
-            last_audit: now,
-            owed: false,
-        }
-    }
-
-    /// What is due at `now`: `requested` when a holder asked for an audit
-    /// (its task ended), `moved_at` when this worker last saw the change
-    /// counter move, `counter_covers` whether every writer moves it (not
-    /// while a worker of an earlier release is LIVE or version 1's index
-    /// exists: a rolling upgrade, when the counter cannot be waited for).
-    pub(super) fn due(
-        &mut self,
-        now: Instant,
-        heartbeat: Duration,
-        requested: bool,
-        moved_at: Option<Instant>,
-        counter_covers: bool,
-    ) -> AuditDue {
-        let tick = now.duration_since(self.last_tick) >= heartbeat * AUDIT_HEARTBEATS;
-        let tick = tick.then(|| {
-            self.last_tick = now;
-            self.ticks += 1;
-            self.ticks
-        });
-        // A move seen within the index's lag before the last audit may not
-        // have been in what it read: the next tick audits again.
-        let lag = (heartbeat * BUSY_HEARTBEATS).max(BUSY_AT_LEAST);
-        let moved = moved_at.is_some_and(|m| m + lag > self.last_audit);
-        let quiet_due = now.duration_since(self.last_audit) >= heartbeat * QUIET_AUDIT_HEARTBEATS;
-        let at_tick = tick.is_some() && (moved || self.owed || !counter_covers);
-        let audit = requested || at_tick || quiet_due;
-        if audit {
-            self.last_audit = now;
-            self.owed = false;
-        }
-        AuditDue { audit, tick }
-    }
-
-    /// The audit just made failed: the next tick audits again (not every
-    /// pass: a store that fails is not queried 8 times a pass).
-    pub(super) fn failed(&mut self) {
-        self.owed = true;
-    }
-}
 
 impl Acquirer {
     /// The audit when asked for or due, the sweep's share and a look for
@@ -229,94 +155,6 @@ fn sweep_turn(key: &StreamKey, tick: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const HEARTBEAT: Duration = Duration::from_secs(4);
-
-    /// Runs passes every 250 ms from `from` for `span`, the counter last
-    /// seen moving at `moved_at`; returns when the partitions were audited.
-    fn audits(
-        schedule: &mut AuditSchedule,
-        from: Instant,
-        span: Duration,
-        moved_at: Option<Instant>,
-    ) -> Vec<Duration> {
-        let mut at = Vec::new();
-        let mut now = from;
-        while now < from + span {
-            if schedule.due(now, HEARTBEAT, false, moved_at, true).audit {
-                at.push(now.duration_since(from));
-            }
-            now += Duration::from_millis(250);
-        }
-        at
-    }
-
-    #[test]
-    fn a_quiet_worker_audits_every_sixteen_heartbeats_and_after_a_move_every_four() {
-        let t0 = Instant::now();
-        let mut s = AuditSchedule::new(t0);
-        // The first read of the counter counts as a move: audits at the
-        // first tick (16 s after it: past the index's lag, so only then).
-        let first = audits(&mut s, t0, Duration::from_secs(60), Some(t0));
-        assert_eq!(first, [Duration::from_secs(16)]);
-        // Nothing moved since: the next audit 16 heartbeats after the last.
-        let quiet = audits(
-            &mut s,
-            t0 + Duration::from_secs(60),
-            Duration::from_secs(120),
-            Some(t0),
-        );
-        assert_eq!(
-            quiet,
-            [Duration::from_secs(20), Duration::from_secs(84)],
-            "64 s apart while the counter stands still"
-        );
-        // A move (ticks at 16 s, 32 s, ... from the start): the next tick
-        // audits, and the one after as well when the move was within the
-        // index's lag (5 s) before it.
-        let t1 = t0 + Duration::from_secs(180);
-        let after = audits(&mut s, t1, Duration::from_secs(40), Some(t1));
-        assert_eq!(after, [Duration::from_secs(12)], "11 s after the move");
-        let t2 = t0 + Duration::from_secs(220);
-        let moved = t2 + Duration::from_secs(3);
-        let after = audits(&mut s, t2, Duration::from_secs(40), Some(moved));
-        assert_eq!(
-            after,
-            [Duration::from_secs(4), Duration::from_secs(20)],
-            "1 s after the move, and a tick later"
-        );
-    }
-
-    #[test]
-    fn a_requested_audit_runs_at_once_and_ticks_keep_their_period() {
-        let t0 = Instant::now();
-        let mut s = AuditSchedule::new(t0);
-        let at = |s: u64| t0 + Duration::from_secs(s);
-        let d = s.due(at(1), HEARTBEAT, true, None, true);
-        assert_eq!((d.audit, d.tick), (true, None));
-        let d = s.due(at(16), HEARTBEAT, false, None, true);
-        assert_eq!((d.audit, d.tick), (false, Some(1)));
-        let d = s.due(at(32), HEARTBEAT, false, None, true);
-        assert_eq!((d.audit, d.tick), (false, Some(2)));
-    }
-
-    #[test]
-    fn a_failed_audit_is_owed_at_the_next_tick_and_an_upgrade_audits_every_tick() {
-        let t0 = Instant::now();
-        let at = |s: u64| t0 + Duration::from_secs(s);
-        let mut s = AuditSchedule::new(t0);
-        assert!(s.due(at(1), HEARTBEAT, true, None, true).audit);
-        s.failed();
-        let d = s.due(at(2), HEARTBEAT, false, None, true);
-        assert!(!d.audit, "not every pass");
-        assert!(
-            s.due(at(16), HEARTBEAT, false, None, true).audit,
-            "at the next tick"
-        );
-        assert!(!s.due(at(32), HEARTBEAT, false, None, true).audit, "paid");
-        // A writer of an earlier release does not move the counter.
-        assert!(s.due(at(48), HEARTBEAT, false, None, false).audit);
-    }
 
     #[test]
     fn every_held_stream_has_its_sweep_turn_once_in_so_many_ticks() {

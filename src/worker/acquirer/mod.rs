@@ -1,5 +1,5 @@
 //! Taking streams: the acquisition pass (`pass`), the audit of its own
-//! partitions (`audit`), fair share (`fair_share`,
+//! partitions (`audit`, when in `audit_schedule`), fair share (`fair_share`,
 //! with the total a giver counts in `peak_total`),
 //! reading peers and the fleet view (`peers`), declaring the overdue dead on
 //! this worker's monotonic clock (`overdue`, with when a watched peer is next
@@ -9,6 +9,7 @@
 //! the fleet's reads (`quiet`, with what it remembers in `quiet_state`).
 
 mod audit;
+mod audit_schedule;
 mod departed;
 mod fair_share;
 mod overdue;

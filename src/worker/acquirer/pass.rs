@@ -90,7 +90,7 @@ pub(crate) struct Acquirer {
     pub(super) orphans_seen: bool,
     pub(super) last_full_refresh: Option<Instant>,
     /// When the audit, the sweep and the roster's look are next due.
-    pub(super) audit_schedule: super::audit::AuditSchedule,
+    pub(super) audit_schedule: super::audit_schedule::AuditSchedule,
     pub(super) last_handoff: Option<Instant>,
     /// When an extra stream (beyond the excess) was last handed over.
     pub(super) last_extra_handoff: Option<Instant>,
@@ -147,7 +147,7 @@ impl Acquirer {
             last_unowned_scan: None,
             orphans_seen: true,
             last_full_refresh: None,
-            audit_schedule: super::audit::AuditSchedule::new(Instant::now()),
+            audit_schedule: super::audit_schedule::AuditSchedule::new(Instant::now()),
             last_handoff: None,
             last_extra_handoff: None,
             last_peer_release: None,

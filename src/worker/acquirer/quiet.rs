@@ -16,7 +16,7 @@
 //! after their changes, once a heartbeat and when poked; see
 //! `worker::pokes`), and a watched peer just after its next renewal should
 //! have landed, waking for it between passes, and a retry after each read
-//! that did not show it (`renewal_forecast`): about 1.4 times per heartbeat
+//! that did not show it (`renewal_forecast`): about 1.3 times per heartbeat
 //! rather than at every watch read.
 //!
 //! Reads only ever decide *when* to look: every ownership change is still a

@@ -1,5 +1,5 @@
 //! When a watched peer's next renewal can first be read, so a quiet worker
-//! reads each watched peer about 1.4 times per renewal, just after it lands,
+//! reads each watched peer about 1.3 times per renewal, just after it lands,
 //! instead of at every watch read.
 //!
 //! Why: reading two peers' items every 500 ms was most of a quiet worker's
@@ -9,24 +9,26 @@
 //! read that first showed its last renewal, on its own monotonic clock. The
 //! quiet worker wakes for that read instead of waiting for its next pass
 //! (`acquire_loop`). If the read still shows the old version (a *miss*),
-//! the peer is read again [`RETRY_AFTER_MISS`] after it was sent, until the
-//! new one shows. A renewal that shows at the first read moves the next
-//! read [`PROBE`] of a cadence earlier than forecast, so an estimate running
-//! late is caught up on, until a read misses; the retry after a miss then
-//! brackets the landing within [`RETRY_AFTER_MISS`] and a read's time.
+//! the peer is read again [`RETRY_AFTER_MISS`] after it was sent (twice
+//! that from the [`MISSES_BEFORE_BACKOFF`]th miss in a row), until the new
+//! one shows. A renewal that shows at the first read (or after a miss older
+//! than [`BRACKET`]) moves the next read [`PROBE`] of a cadence earlier than
+//! forecast, so an estimate running late is caught up on, until a read
+//! misses; the retry after a miss then brackets the landing within
+//! [`BRACKET`].
 //!
 //! Until 0.4 the estimate was the last miss (a lower bound) and reads came
 //! at passes (250 ms ± 25%): the read at the forecast came before the
 //! renewal nearly every time, so each renewal cost about 1.8 reads, and was
 //! first read up to a pass late (366 ms at worst in the model of
-//! `overdue::tests`, 143 ms at the median). Now about 1.4 reads, 235 ms at
-//! worst and 93 ms at the median in the same model.
+//! `overdue::tests`, 143 ms at the median). Now about 1.3 reads, 291 ms at
+//! worst and 94 ms at the median in the same model.
 //!
 //! A read counts as a miss from when it was sent. A stale eventually
-//! consistent read (the last version after the next one landed) passes for
-//! a miss; what it costs is the retry, or, for a peer first seen, an
-//! estimate late by its staleness, caught up on by the probe (a second in
-//! 25 renewals).
+//! consistent read (the last version after the next one landed, or an older
+//! version) passes for a miss; what it costs is a retry, and an estimate
+//! late by up to a retry plus its staleness, caught up on by the probe (a
+//! second in 25 renewals).
 //!
 //! A peer first seen has no bound on its last renewal: it is read as after
 //! a miss until its next renewal shows.
@@ -34,10 +36,9 @@
 //! The cadence is the larger of the last two gaps between consecutive
 //! stamps (`heartbeat_at_ms`, the peer's clock; only differences are used),
 //! capped at this worker's heartbeat: a peer with a longer heartbeat is
-//! read early and then every [`RETRY_AFTER_MISS`] until it renews, never
-//! late (so is a dead peer until it is overdue: 8 reads a second, against
-//! 4 at every pass until 0.4; what a death costs its two watchers is a few
-//! dozen read units).
+//! read early and then as after misses until it renews, never late. So is
+//! a dead peer until it is overdue, and every peer in a write brownout: no
+//! faster than every pass, as until 0.4, once half a second late.
 //!
 //! Only *when* to read is forecast. A death is still declared a whole lease
 //! after the read that first showed the last version (`overdue`).
