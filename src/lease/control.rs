@@ -168,6 +168,23 @@ impl LeaseStore {
         told
     }
 
+    /// After a control write landed: tells its owner, if it has one, and
+    /// moves the change counter whether or not the owner could be told (the
+    /// owner's audit follows the counter, `acquirer::audit`); then reports
+    /// the notification's error, if any.
+    async fn tell_and_announce(
+        &self,
+        ownership: Ownership,
+        key: &StreamKey,
+    ) -> Result<(), StoreError> {
+        let told = match ownership {
+            Ownership::Owned(owner) => self.notify_owner(&owner, key).await,
+            _ => Ok(()),
+        };
+        self.announce_change().await;
+        told
+    }
+
     /// Whether `record` already carries `desired` (and would be left
     /// unchanged by [`LeaseStore::upsert_desired`]): lets the controller skip
     /// the write, and its read, at steady state.
@@ -199,14 +216,7 @@ impl LeaseStore {
                         self.remind_owner_behind(c).await?;
                         return Ok(UpsertOutcome::Unchanged);
                     }
-                    let told = match c.ownership() {
-                        Ownership::Owned(owner) => self.notify_owner(&owner, key).await,
-                        _ => Ok(()),
-                    };
-                    // Moved whether or not the owner was told: its audit
-                    // follows the counter.
-                    self.announce_change().await;
-                    told?;
+                    self.tell_and_announce(c.ownership(), key).await?;
                     return Ok(UpsertOutcome::Applied);
                 }
             }
@@ -294,15 +304,9 @@ impl LeaseStore {
             }
             wrote = true;
             if self.guarded_write("upsert_desired", key, &g).await? {
-                let told = match ownership {
-                    Ownership::Owned(owner) => self.notify_owner(&owner, key).await,
-                    _ => Ok(()),
-                };
                 // A new or started stream is up for grabs: workers reading
-                // the change counter look for it; an owner's audit follows
-                // it, whether or not the owner was told.
-                self.announce_change().await;
-                told?;
+                // the change counter look for it.
+                self.tell_and_announce(ownership, key).await?;
                 return Ok(UpsertOutcome::Applied);
             }
         }
@@ -335,12 +339,7 @@ impl LeaseStore {
                     self.remind_owner_behind(&current).await?;
                     return Ok(TombstoneOutcome::NotFound);
                 }
-                let told = match current.ownership() {
-                    Ownership::Owned(owner) => self.notify_owner(&owner, key).await,
-                    _ => Ok(()),
-                };
-                self.announce_change().await;
-                told?;
+                self.tell_and_announce(current.ownership(), key).await?;
                 return Ok(TombstoneOutcome::Deleted);
             }
             let ownership = current.ownership();
@@ -369,14 +368,7 @@ impl LeaseStore {
             }
             wrote = true;
             if self.guarded_write("tombstone", key, &g).await? {
-                let told = match ownership {
-                    Ownership::Owned(owner) => self.notify_owner(&owner, key).await,
-                    _ => Ok(()),
-                };
-                // Moved whether or not the owner was told: its audit follows
-                // the counter (`acquirer::audit`).
-                self.announce_change().await;
-                told?;
+                self.tell_and_announce(ownership, key).await?;
                 return Ok(TombstoneOutcome::Deleted);
             }
         }

@@ -452,9 +452,9 @@ async fn acquire_loop(
         // retried any faster).
         let now = Instant::now();
         let usual = now + super::settings::jittered(interval);
-        next = match acquirer.next_watched_read(now) {
-            Some(due) if passed => due.min(usual),
-            _ => usual,
+        next = match passed.then(|| acquirer.next_watched_read(now)).flatten() {
+            Some(due) => due.min(usual),
+            None => usual,
         };
     }
 }

@@ -21,7 +21,7 @@ pub(super) struct AuditSchedule {
 }
 
 /// What a pass does of the audit's work.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(super) struct AuditDue {
     /// Read the partitions back.
     pub(super) audit: bool,

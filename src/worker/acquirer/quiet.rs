@@ -83,9 +83,14 @@ impl Acquirer {
         if !self.may_stay_quiet(now) {
             return None;
         }
+        self.observer.next_due(&self.watched_peers(), now)
+    }
+
+    /// The peers this worker watches: its ring successors in the fleet of
+    /// the last full pass.
+    fn watched_peers(&self) -> Vec<Incarnation> {
         let live = live_incarnations(&self.quiet.fleet);
-        let watched = successors(&self.me, &live, WATCHED_PEERS);
-        self.observer.next_due(&watched, now)
+        successors(&self.me, &live, WATCHED_PEERS)
     }
 
     /// A quiet pass: reads the counter every [`WATCH_PERIOD`] (once a
@@ -122,8 +127,7 @@ impl Acquirer {
             .quiet
             .last_watch
             .is_none_or(|t| now.duration_since(t) >= period);
-        let live = live_incarnations(&self.quiet.fleet);
-        let watched = successors(&self.me, &live, WATCHED_PEERS);
+        let watched = self.watched_peers();
         let due: Vec<Incarnation> = watched
             .iter()
             .filter(|p| self.observer.due(p, now))
