@@ -45,6 +45,11 @@ impl FleetView {
         fair_share(self.total(held) + orphans, self.live())
     }
 
+    /// The floor of the mean, as [`Self::fair_share`] is its ceiling.
+    pub(super) fn floor_share(&self, held: u64, orphans: u64) -> u64 {
+        (self.total(held) + orphans) / self.live() as u64
+    }
+
     /// Streams held by the counted workers, this one holding `held`, as
     /// last published (short by any stream in flight: see `peak_total`).
     pub(super) fn total(&self, held: u64) -> u64 {
@@ -129,14 +134,22 @@ impl FleetView {
     /// 30 streams on 4 workers settle at 8/8/8/6 by the ceiling alone, as
     /// nobody holds more than 8, though a balanced fleet holds 7 or 8 each.
     /// When peers below the floor lack more than the whole fleet's excess
-    /// will give them, each worker at or above the ceiling hands one more
-    /// over with probability `lacking / such workers` (`roll` uniform in
-    /// [0, 1)), so about as many move as are lacking: releasing one each
-    /// would move a stream per worker in a large fleet to fill one
-    /// newcomer. A stream released too many is taken by a worker below the
-    /// ceiling, which every releaser then is: nothing goes above it.
-    /// `total` is the fleet's total as a giver counts it (`peak_total`).
-    pub(super) fn extra_handoff(&self, held: u64, total: u64, roll: f64) -> u64 {
+    /// will give them, the first `lacking` of the workers at or above the
+    /// ceiling each hand one more over, in an order every worker computes
+    /// alike from the same loads: the most loaded first (their excess is
+    /// going anyway), then by incarnation. So exactly as many move as are
+    /// lacking, whether the givers decide together or one after another
+    /// (one that has already given is no longer above the ceiling, and the
+    /// next in line sees what is still lacking). Each used to roll, with
+    /// probability `lacking / givers`: a newcomer joining three workers
+    /// missed its last stream in (2/3)³ of joins, and waited for it a
+    /// cooldown later. Releasing one each would move a stream per worker in
+    /// a large fleet to fill one newcomer. A stream released too many (loads
+    /// seen differently) is taken by a worker below the ceiling, which every
+    /// releaser then is: nothing goes above it. `total` is the fleet's total
+    /// as a giver counts it (`peak_total`); `me` is this worker, holding
+    /// `held`.
+    pub(super) fn extra_handoff(&self, me: &Incarnation, held: u64, total: u64) -> u64 {
         let progressing = || self.peers.iter().filter(|p| p.progressing);
         let live = self.live() as u64;
         let (floor, ceiling) = (total / live, total.div_ceil(live));
@@ -149,8 +162,11 @@ impl FleetView {
                 .map(|p| p.held.saturating_sub(ceiling))
                 .sum::<u64>();
         let lacking = below_floor.saturating_sub(excess);
-        let givers = 1 + progressing().filter(|p| p.held >= ceiling).count() as u64;
-        u64::from(lacking > 0 && roll * (givers as f64) < lacking as f64)
+        let ahead = progressing()
+            .filter(|p| p.held >= ceiling)
+            .filter(|p| p.held > held || (p.held == held && p.incarnation < *me))
+            .count() as u64;
+        u64::from(ahead < lacking)
     }
 }
 
@@ -219,6 +235,13 @@ pub(super) fn classify_free(r: &StreamRecord, now_ms: u64, me: &Incarnation) -> 
 pub(super) struct AcquirePolicy {
     /// Streams still wanted to reach the fair share; `None` without fair share.
     pub below_share: Option<u64>,
+    /// While a live peer is below the floor of the mean: streams this worker
+    /// still wants to reach that floor (`None` when no peer is below it).
+    /// Streams let go to rebalance go to the workers below the floor first:
+    /// the one that handed the extra stream over is left at the floor, under
+    /// the ceiling, and took a stream another giver released for the
+    /// newcomer, which then waited for a second round (`floor_share`).
+    pub floor_first: Option<u64>,
     pub share_grace_ms: u64,
     pub rebalance_grace_ms: u64,
 }
@@ -243,6 +266,9 @@ impl AcquirePolicy {
             Orphan::Moved { by_me: false, .. } => return true,
             _ => {}
         }
+        if let (Orphan::Rebalanced { age_ms, .. }, Some(0)) = (orphan, self.floor_first) {
+            return age_ms >= self.rebalance_grace_ms;
+        }
         if self.below_share.is_none_or(|n| n > 0) {
             return true;
         }
@@ -256,6 +282,9 @@ impl AcquirePolicy {
 
     /// Counts a stream this pass is about to acquire toward the fair share.
     pub(super) fn take(&mut self) {
+        if let Some(n) = self.floor_first.as_mut() {
+            *n = n.saturating_sub(1);
+        }
         if let Some(n) = self.below_share.as_mut() {
             *n = n.saturating_sub(1);
         }
@@ -269,8 +298,9 @@ impl FleetView {
         Self {
             peers: held
                 .iter()
-                .map(|h| Peer {
-                    incarnation: Incarnation::new("p"),
+                .enumerate()
+                .map(|(i, h)| Peer {
+                    incarnation: Incarnation::new(&format!("p{i}")),
                     held: *h,
                     progressing: true,
                     published_at_ms: 0,
@@ -289,9 +319,32 @@ mod tests {
         FleetView::of_loads(held)
     }
 
-    /// The extra handoff with the fleet's total as last published.
-    fn extra(v: &FleetView, held: u64, roll: f64) -> u64 {
-        v.extra_handoff(held, v.total(held), roll)
+    /// The extra handoff of worker `me` with the fleet's total as last
+    /// published.
+    fn extra(v: &FleetView, me: &str, held: u64) -> u64 {
+        v.extra_handoff(&Incarnation::new(me), held, v.total(held))
+    }
+
+    /// Every worker's extra handoff when each decides from the same loads
+    /// (`loads[i]` is worker `w{i}`'s): each sees the others as peers.
+    fn extras_deciding_together(loads: &[u64]) -> Vec<u64> {
+        (0..loads.len())
+            .map(|me| {
+                let peers = loads
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| *i != me)
+                    .map(|(i, &held)| Peer {
+                        incarnation: Incarnation::new(&format!("w{i}")),
+                        held,
+                        progressing: true,
+                        published_at_ms: 0,
+                        marked_released_at_ms: None,
+                    })
+                    .collect();
+                extra(&FleetView { peers }, &format!("w{me}"), loads[me])
+            })
+            .collect()
     }
 
     #[test]
@@ -321,33 +374,56 @@ mod tests {
         assert_eq!(handoff_count(11, 10, true), 1);
         assert_eq!(handoff_count(10, 10, true), 0);
         // 30 over 3: the mean is whole, nothing beyond the excess.
-        assert_eq!(extra(&v, 15, 0.0), 0);
+        assert_eq!(extra(&v, "m", 15), 0);
     }
 
     #[test]
-    fn a_fleet_stopped_short_of_balance_by_the_ceiling_moves_about_what_is_lacking() {
+    fn a_fleet_stopped_short_of_balance_by_the_ceiling_moves_exactly_what_is_lacking() {
         // 30 streams, 4 workers: floor 7, ceiling 8. Three hold 10 and a
         // newcomer 0: the excess (3 × 2) leaves it 1 short of the floor, so
-        // each of the three hands one more over with probability 1/3.
+        // exactly one of the three hands one more over. With the roll this
+        // replaced, none did in (2/3)³ of joins.
+        assert_eq!(extras_deciding_together(&[10, 10, 10, 0]), [1, 0, 0, 0]);
         let joined = view(&[10, 10, 0]);
         assert_eq!(handoff_count(10, joined.fair_share(10, 0), true), 2);
-        assert_eq!(extra(&joined, 10, 0.3), 1);
-        assert_eq!(extra(&joined, 10, 0.34), 0);
         // Stopped at 8/8/8/6: one lacking, three at the ceiling.
+        assert_eq!(extras_deciding_together(&[8, 8, 8, 6]), [1, 0, 0, 0]);
         let short = view(&[8, 8, 6]);
         assert_eq!(handoff_count(8, short.fair_share(8, 0), true), 0);
-        assert_eq!(extra(&short, 8, 0.3), 1);
-        assert_eq!(extra(&short, 8, 0.5), 0);
+        // The most loaded go first: their excess is going anyway.
+        assert_eq!(extras_deciding_together(&[8, 10, 8, 4]), [0, 1, 0, 0]);
         // Balanced (8/8/7/7): nothing, whoever asks.
-        let balanced = view(&[8, 7, 7]);
-        assert_eq!(extra(&balanced, 8, 0.0), 0);
-        assert_eq!(extra(&view(&[8, 8, 7]), 7, 0.0), 0);
+        assert_eq!(extras_deciding_together(&[8, 8, 7, 7]), [0, 0, 0, 0]);
         // Below the ceiling itself: never a giver.
-        assert_eq!(extra(&short, 6, 0.0), 0);
-        // 25 over 4 at 7/7/7/4: two lacking, three givers, 2/3 each.
-        let two_short = view(&[7, 7, 4]);
-        assert_eq!(extra(&two_short, 7, 0.6), 1);
-        assert_eq!(extra(&two_short, 7, 0.7), 0);
+        assert_eq!(extra(&short, "m", 6), 0);
+        // 25 over 4 at 7/7/7/4: two lacking, three givers: two of them.
+        assert_eq!(extras_deciding_together(&[7, 7, 7, 4]), [1, 1, 0, 0]);
+        // A hundred workers at 10 and a newcomer: 1,000 streams, floor 9,
+        // ceiling 10, nobody above it; the newcomer lacks 9: nine move.
+        let mut large = vec![10; 100];
+        large.push(0);
+        assert_eq!(extras_deciding_together(&large).iter().sum::<u64>(), 9);
+    }
+
+    /// The givers deciding one after another, each from loads that show the
+    /// handoffs before it (the others wait while released streams are
+    /// about): still exactly the lacking stream moves, whichever goes first.
+    #[test]
+    fn givers_deciding_one_after_another_move_exactly_what_is_lacking() {
+        for order in [[0, 1, 2], [2, 1, 0], [1, 0, 2], [2, 0, 1]] {
+            let mut loads = vec![10, 10, 10, 0];
+            let mut extras = 0;
+            for giver in order {
+                let fair = 8;
+                let more = extras_deciding_together(&loads)[giver];
+                let count = handoff_count(loads[giver], fair, true) + more;
+                extras += more;
+                loads[giver] -= count;
+                loads[3] += count;
+            }
+            assert_eq!(extras, 1, "order {order:?}: loads {loads:?}");
+            assert_eq!(loads[3], 7, "order {order:?}");
+        }
     }
 
     /// The interleaving a CI run's logs showed: two workers at 15, a
@@ -423,6 +499,7 @@ mod tests {
     fn a_moved_stream_goes_to_anyone_but_the_worker_that_let_it_go() {
         let below = AcquirePolicy {
             below_share: Some(3),
+            floor_first: None,
             share_grace_ms: 1000,
             rebalance_grace_ms: 2000,
         };
@@ -476,6 +553,7 @@ mod tests {
     fn a_stream_let_go_to_rebalance_does_not_go_straight_back() {
         let p = AcquirePolicy {
             below_share: Some(1),
+            floor_first: None,
             share_grace_ms: 1000,
             rebalance_grace_ms: 2000,
         };
@@ -495,6 +573,7 @@ mod tests {
     fn below_the_share_anything_goes_until_the_share_is_reached() {
         let mut p = AcquirePolicy {
             below_share: Some(1),
+            floor_first: None,
             share_grace_ms: 1000,
             rebalance_grace_ms: 2000,
         };
@@ -517,5 +596,49 @@ mod tests {
             p.allows(Orphan::Crashed),
             "crashed streams are never left waiting"
         );
+    }
+
+    /// 30 streams on four workers: floor 7, ceiling 8. The giver that handed
+    /// the extra stream over holds 7, below the ceiling; the newcomer holds
+    /// 5. A stream another giver let go to rebalance is left to the
+    /// newcomer (the worker below the floor) for the rebalance grace;
+    /// with nobody below the floor it is taken at once, as before; and the
+    /// newcomer takes it at once, until it reaches the floor.
+    #[test]
+    fn streams_let_go_to_rebalance_go_below_the_floor_first() {
+        let theirs = |age_ms| Orphan::Rebalanced {
+            by_me: false,
+            age_ms,
+        };
+        let giver_view = view(&[8, 8, 5]);
+        assert_eq!(giver_view.floor_share(7, 2), 7);
+        assert_eq!(giver_view.fair_share(7, 2), 8);
+        let giver = AcquirePolicy {
+            below_share: Some(1),
+            floor_first: Some(0),
+            share_grace_ms: 1000,
+            rebalance_grace_ms: 2000,
+        };
+        assert!(!giver.allows(theirs(0)), "left to the newcomer");
+        assert!(giver.allows(theirs(2000)), "nobody took it");
+        assert!(
+            giver.allows(Orphan::Released { age_ms: 0 }),
+            "only rebalanced streams wait"
+        );
+        assert!(giver.allows(Orphan::Crashed));
+        let nobody_below_floor = AcquirePolicy {
+            floor_first: None,
+            ..giver
+        };
+        assert!(nobody_below_floor.allows(theirs(0)));
+        let mut newcomer = AcquirePolicy {
+            below_share: Some(3),
+            floor_first: Some(2),
+            ..giver
+        };
+        assert!(newcomer.allows(theirs(0)));
+        newcomer.take();
+        newcomer.take();
+        assert!(!newcomer.allows(theirs(0)), "at the floor itself now");
     }
 }

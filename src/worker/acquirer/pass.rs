@@ -413,8 +413,15 @@ impl Acquirer {
         let interval_ms = self.ctx.settings.reconcile_interval.as_millis() as u64;
         let passes_ms = interval_ms * u64::from(REBALANCE_GRACE_INTERVALS);
         let lease_ms = self.ctx.settings.lease_duration.as_millis() as u64;
+        let floor = self
+            .ctx
+            .settings
+            .rebalance
+            .then(|| self.view.floor_share(staying, uncounted))
+            .filter(|&floor| self.view.peer_below(floor));
         let mut policy = AcquirePolicy {
             below_share: fair.map(|f| f.saturating_sub(staying)),
+            floor_first: floor.map(|f| f.saturating_sub(staying)),
             share_grace_ms: interval_ms * u64::from(SHARE_GRACE_INTERVALS),
             rebalance_grace_ms: fair.map_or(passes_ms, |f| {
                 self.view.rebalance_grace_ms(f, passes_ms, lease_ms)
@@ -573,11 +580,11 @@ impl Acquirer {
         }
         let fair = fair_share(total, self.view.live());
         let excess = handoff_count(staying, fair, self.view.peer_below(fair));
-        // The extra stream is rolled for together with this worker's own
-        // excess (one roll per handoff, which has its cooldown); otherwise
-        // only on loads no release has made stale (a peer's release moves
-        // its marker at once, its load at its next heartbeat), so workers do
-        // not roll again after someone else's extra stream already went, and
+        // The extra stream is decided on together with this worker's own
+        // excess (once per handoff, which has its cooldown); otherwise only
+        // on loads no release has made stale (a peer's release moves its
+        // marker at once, its load at its next heartbeat), so workers do not
+        // decide again after someone else's extra stream already went, and
         // at most once per EXTRA_HANDOFF_COOLDOWNS cooldowns, so a peer that
         // stays below the floor whatever it is given (its own connection
         // limit) costs a stream move that rarely, not every pass.
@@ -591,8 +598,7 @@ impl Acquirer {
                     .last_extra_handoff
                     .is_none_or(|t| t.elapsed() >= cooldown * EXTRA_HANDOFF_COOLDOWNS));
         let extra = if extra_due {
-            self.view
-                .extra_handoff(staying, total, rand::random::<f64>())
+            self.view.extra_handoff(&self.me, staying, total)
         } else {
             0
         };
