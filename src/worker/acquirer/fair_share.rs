@@ -237,11 +237,17 @@ pub(super) struct AcquirePolicy {
     pub below_share: Option<u64>,
     /// While a live peer is below the floor of the mean: streams this worker
     /// still wants to reach that floor (`None` when no peer is below it).
-    /// Streams let go to rebalance go to the workers below the floor first:
-    /// the one that handed the extra stream over is left at the floor, under
-    /// the ceiling, and took a stream another giver released for the
-    /// newcomer, which then waited for a second round (`floor_share`).
+    /// Streams let go to rebalance go to the workers below the floor first,
+    /// for `floor_grace_ms`: the one that handed the extra stream over is
+    /// left at the floor, under the ceiling, and took a stream another giver
+    /// released for the newcomer, which then waited for a second round
+    /// (`floor_share`).
     pub floor_first: Option<u64>,
+    /// How long a worker at the floor leaves such a stream: a few passes,
+    /// not the rebalance grace (a lease while a peer is below the share). A
+    /// peer held below the floor by its own connection limit takes none of
+    /// them, and each would wait a lease without an owner.
+    pub floor_grace_ms: u64,
     pub share_grace_ms: u64,
     pub rebalance_grace_ms: u64,
 }
@@ -266,8 +272,10 @@ impl AcquirePolicy {
             Orphan::Moved { by_me: false, .. } => return true,
             _ => {}
         }
-        if let (Orphan::Rebalanced { age_ms, .. }, Some(0)) = (orphan, self.floor_first) {
-            return age_ms >= self.rebalance_grace_ms;
+        if let (Orphan::Rebalanced { age_ms, .. }, Some(0)) = (orphan, self.floor_first)
+            && age_ms < self.floor_grace_ms
+        {
+            return false;
         }
         if self.below_share.is_none_or(|n| n > 0) {
             return true;
@@ -500,6 +508,7 @@ mod tests {
         let below = AcquirePolicy {
             below_share: Some(3),
             floor_first: None,
+            floor_grace_ms: 500,
             share_grace_ms: 1000,
             rebalance_grace_ms: 2000,
         };
@@ -554,6 +563,7 @@ mod tests {
         let p = AcquirePolicy {
             below_share: Some(1),
             floor_first: None,
+            floor_grace_ms: 500,
             share_grace_ms: 1000,
             rebalance_grace_ms: 2000,
         };
@@ -574,6 +584,7 @@ mod tests {
         let mut p = AcquirePolicy {
             below_share: Some(1),
             floor_first: None,
+            floor_grace_ms: 500,
             share_grace_ms: 1000,
             rebalance_grace_ms: 2000,
         };
@@ -601,7 +612,7 @@ mod tests {
     /// 30 streams on four workers: floor 7, ceiling 8. The giver that handed
     /// the extra stream over holds 7, below the ceiling; the newcomer holds
     /// 5. A stream another giver let go to rebalance is left to the
-    /// newcomer (the worker below the floor) for the rebalance grace;
+    /// newcomer (the worker below the floor) for a few passes;
     /// with nobody below the floor it is taken at once, as before; and the
     /// newcomer takes it at once, until it reaches the floor.
     #[test]
@@ -616,11 +627,16 @@ mod tests {
         let giver = AcquirePolicy {
             below_share: Some(1),
             floor_first: Some(0),
+            floor_grace_ms: 500,
             share_grace_ms: 1000,
             rebalance_grace_ms: 2000,
         };
         assert!(!giver.allows(theirs(0)), "left to the newcomer");
-        assert!(giver.allows(theirs(2000)), "nobody took it");
+        assert!(!giver.allows(theirs(499)));
+        assert!(
+            giver.allows(theirs(500)),
+            "nobody took it: a few passes, not the rebalance grace"
+        );
         assert!(
             giver.allows(Orphan::Released { age_ms: 0 }),
             "only rebalanced streams wait"

@@ -422,6 +422,7 @@ impl Acquirer {
         let mut policy = AcquirePolicy {
             below_share: fair.map(|f| f.saturating_sub(staying)),
             floor_first: floor.map(|f| f.saturating_sub(staying)),
+            floor_grace_ms: passes_ms,
             share_grace_ms: interval_ms * u64::from(SHARE_GRACE_INTERVALS),
             rebalance_grace_ms: fair.map_or(passes_ms, |f| {
                 self.view.rebalance_grace_ms(f, passes_ms, lease_ms)
