@@ -10,11 +10,11 @@
 //! death) moves the counter once it landed, so a worker audits every
 //! `AUDIT_HEARTBEATS` heartbeats (4) while the counter moved since (or
 //! shortly before) its last audit, and otherwise every
-//! `QUIET_AUDIT_HEARTBEATS` (16; `audit_schedule`). What waits for the longer period is a write
-//! with neither its notification nor its bump (a person editing the table, a
-//! writer of an earlier release, a writer that crashed between its write and
-//! both), and for the last, whoever mirrors the resource next reminds the
-//! owner sooner (`lease::owner_behind`). The sweep and the roster keep the
+//! `QUIET_AUDIT_HEARTBEATS` (16; `audit_schedule`). What waits for the
+//! longer period is a write with neither its notification nor its bump (a
+//! person editing the table, a writer of an earlier release, a writer that
+//! crashed between its write and both), and for the last, whoever mirrors
+//! the resource next reminds the owner sooner (`lease::owner_behind`). The sweep and the roster keep the
 //! shorter period: they cost little, and they are what finds writes no one
 //! announces.
 

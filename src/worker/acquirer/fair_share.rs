@@ -303,13 +303,17 @@ impl AcquirePolicy {
 impl FleetView {
     /// Progressing peers holding `held`, published at time 0.
     pub(super) fn of_loads(held: &[u64]) -> Self {
+        Self::of_workers(held.iter().enumerate().map(|(i, h)| (format!("p{i}"), *h)))
+    }
+
+    /// Progressing peers by worker name and load, published at time 0.
+    pub(super) fn of_workers(loads: impl IntoIterator<Item = (String, u64)>) -> Self {
         Self {
-            peers: held
-                .iter()
-                .enumerate()
-                .map(|(i, h)| Peer {
-                    incarnation: Incarnation::new(&format!("p{i}")),
-                    held: *h,
+            peers: loads
+                .into_iter()
+                .map(|(name, held)| Peer {
+                    incarnation: Incarnation::new(&name),
+                    held,
                     progressing: true,
                     published_at_ms: 0,
                     marked_released_at_ms: None,
@@ -338,19 +342,14 @@ mod tests {
     fn extras_deciding_together(loads: &[u64]) -> Vec<u64> {
         (0..loads.len())
             .map(|me| {
-                let peers = loads
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| *i != me)
-                    .map(|(i, &held)| Peer {
-                        incarnation: Incarnation::new(&format!("w{i}")),
-                        held,
-                        progressing: true,
-                        published_at_ms: 0,
-                        marked_released_at_ms: None,
-                    })
-                    .collect();
-                extra(&FleetView { peers }, &format!("w{me}"), loads[me])
+                let peers = FleetView::of_workers(
+                    loads
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| *i != me)
+                        .map(|(i, &held)| (format!("w{i}"), held)),
+                );
+                extra(&peers, &format!("w{me}"), loads[me])
             })
             .collect()
     }
