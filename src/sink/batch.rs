@@ -2,81 +2,172 @@
 //! fencing token, how batches are sized and bounded, and the ways a delivery
 //! fails. Every sink shares these; none owns them.
 
-use bytes::{Bytes, BytesMut};
 use std::time::Duration;
 use thiserror::Error;
 
-/// One message read from an upstream.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Message {
+/// One message read from an upstream, as a sink sees it: its sequence
+/// number and its text, borrowed from the session's [`Pending`] messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Message<'a> {
     pub seq: u64,
-    pub data: Text,
+    pub data: &'a str,
 }
 
-/// Message text: UTF-8 in shared bytes. Only built from `str`s, so always
-/// UTF-8, without checking it again.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Text(Bytes);
+/// The messages a session has read and not yet delivered: their texts one
+/// after another in one buffer, and per message its sequence number and
+/// where its text lies. Nothing per message is allocated or reference
+/// counted: keeping each message as shared bytes (a `Bytes` split off a
+/// block, dropped once delivered) cost a saturated session more than
+/// copying its text did, and keeping the frames themselves kept the socket's
+/// read buffer shared, so tungstenite allocated and zeroed a new one on
+/// every refill.
+#[derive(Debug, Default)]
+pub struct Pending {
+    text: String,
+    entries: Vec<Entry>,
+    /// Bytes the last batch held, reserved at once by the next one's first
+    /// message: a busy session's buffer is not grown (and copied) step by
+    /// step, and an idle one's stays small.
+    last_bytes: usize,
+}
 
-impl Text {
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.0
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    seq: u64,
+    start: usize,
+    end: usize,
+}
+
+impl Pending {
+    /// The least the buffer starts with: a few small messages' worth.
+    const FIRST_RESERVE: usize = 1024;
+
+    pub fn push(&mut self, seq: u64, text: &str) {
+        if self.text.capacity() == 0 {
+            self.text
+                .reserve(self.last_bytes.max(text.len()).max(Self::FIRST_RESERVE));
+        }
+        let start = self.text.len();
+        self.text.push_str(text);
+        self.entries.push(Entry {
+            seq,
+            start,
+            end: self.text.len(),
+        });
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.entries.is_empty()
     }
 
-    /// The bytes, shared, for a sink whose payload is the raw text.
-    pub fn to_bytes(&self) -> Bytes {
-        self.0.clone()
+    /// The `i`th message.
+    ///
+    /// # Panics
+    /// When there are `i` messages or fewer.
+    pub fn get(&self, i: usize) -> Message<'_> {
+        self.message(&self.entries[i])
     }
-}
 
-impl From<String> for Text {
-    fn from(s: String) -> Self {
-        Self(Bytes::from(s.into_bytes()))
+    pub fn first(&self) -> Option<Message<'_>> {
+        self.entries.first().map(|e| self.message(e))
     }
-}
 
-impl From<&str> for Text {
-    fn from(s: &str) -> Self {
-        Self(Bytes::copy_from_slice(s.as_bytes()))
+    pub fn last(&self) -> Option<Message<'_>> {
+        self.entries.last().map(|e| self.message(e))
     }
-}
 
-/// Where a session keeps the text of messages read and not yet delivered:
-/// each message is copied out of the frame into a block shared by the batch.
-/// Keeping the frame itself (it shares the socket's read buffer) left that
-/// buffer shared, so tungstenite allocated and zeroed a new one on every
-/// refill: allocator work and `memset` that cost more than the copy.
-#[derive(Debug, Default)]
-pub struct TextArena(BytesMut);
-
-impl TextArena {
-    /// The least a new block holds: a few small messages' worth, so a busy
-    /// session allocates once per dozens of messages and a quiet one little.
-    const BLOCK: usize = 8 * 1024;
-
-    pub fn copy(&mut self, text: &str) -> Text {
-        if self.0.capacity() < text.len() {
-            // A new block: the full one stays alive as long as its messages.
-            self.0.reserve(text.len().max(Self::BLOCK));
+    pub fn iter(&self) -> Messages<'_> {
+        Messages {
+            pending: self,
+            entries: self.entries.iter(),
         }
-        self.0.extend_from_slice(text.as_bytes());
-        Text(self.0.split().freeze())
     }
 
-    /// Lets the block go once nothing in it is waiting: an idle session
-    /// keeps none.
+    /// Bytes of text held (what the messages' texts add up to, or more when
+    /// some were dropped by [`Pending::keep_only`]).
+    pub fn text_bytes(&self) -> usize {
+        self.text.len()
+    }
+
+    /// Keeps only the messages at `indices` (ascending), in order: a sink
+    /// that took the others is given these again. Their text stays where it
+    /// is until the batch is cleared.
+    pub fn keep_only(&mut self, indices: &[usize]) {
+        let mut index = 0;
+        self.entries.retain(|_| {
+            let keep = indices.binary_search(&index).is_ok();
+            index += 1;
+            keep
+        });
+    }
+
+    /// Empties the batch and keeps the buffers for the next one (a busy
+    /// session).
+    pub fn clear(&mut self) {
+        if !self.text.is_empty() {
+            self.last_bytes = self.text.len();
+        }
+        self.text.clear();
+        self.entries.clear();
+    }
+
+    /// Empties the batch and lets the buffers go: an idle session keeps none.
     pub fn release(&mut self) {
-        self.0 = BytesMut::new();
+        self.clear();
+        self.text = String::new();
+        self.entries = Vec::new();
+    }
+
+    fn message(&self, e: &Entry) -> Message<'_> {
+        Message {
+            seq: e.seq,
+            data: &self.text[e.start..e.end],
+        }
     }
 }
+
+impl<'a> IntoIterator for &'a Pending {
+    type Item = Message<'a>;
+    type IntoIter = Messages<'a>;
+
+    fn into_iter(self) -> Messages<'a> {
+        self.iter()
+    }
+}
+
+impl<'a> FromIterator<Message<'a>> for Pending {
+    fn from_iter<I: IntoIterator<Item = Message<'a>>>(messages: I) -> Self {
+        let mut pending = Self::default();
+        for m in messages {
+            pending.push(m.seq, m.data);
+        }
+        pending
+    }
+}
+
+/// The messages of a [`Pending`] batch, in order.
+pub struct Messages<'a> {
+    pending: &'a Pending,
+    entries: std::slice::Iter<'a, Entry>,
+}
+
+impl<'a> Iterator for Messages<'a> {
+    type Item = Message<'a>;
+
+    fn next(&mut self) -> Option<Message<'a>> {
+        self.entries.next().map(|e| self.pending.message(e))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.entries.size_hint()
+    }
+}
+
+impl ExactSizeIterator for Messages<'_> {}
 
 /// The payload every sink receives. `token` is the lease's fencing token, so a
 /// sink can reject deliveries from an owner that has been superseded. Its
@@ -86,7 +177,7 @@ pub struct Batch<'a> {
     pub connection: &'a str,
     pub worker: &'a str,
     pub token: u64,
-    pub messages: &'a [Message],
+    pub messages: &'a Pending,
 }
 
 #[derive(Debug, Error)]
@@ -161,5 +252,81 @@ fn redirect_note(status: &u16) -> &'static str {
         " (a redirect: sinks are not redirected; give the sink's final URL)"
     } else {
         ""
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of(messages: &[(u64, &str)]) -> Pending {
+        messages
+            .iter()
+            .map(|&(seq, data)| Message { seq, data })
+            .collect()
+    }
+
+    fn all(pending: &Pending) -> Vec<(u64, String)> {
+        pending
+            .iter()
+            .map(|m| (m.seq, m.data.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn messages_come_back_in_order_with_their_text() {
+        let texts = ["", "a", "é, 漢字, 😀", r#"{"seq":3}"#];
+        let pending = of(&[(7, texts[0]), (8, texts[1]), (9, texts[2]), (3, texts[3])]);
+        assert_eq!(pending.len(), 4);
+        assert_eq!(pending.iter().len(), 4);
+        assert_eq!(
+            all(&pending),
+            vec![
+                (7, String::new()),
+                (8, "a".into()),
+                (9, texts[2].into()),
+                (3, texts[3].into())
+            ]
+        );
+        assert_eq!(pending.first().map(|m| m.seq), Some(7));
+        assert_eq!(pending.last().map(|m| m.data), Some(texts[3]));
+        assert_eq!(pending.get(2).data, texts[2]);
+        assert_eq!(
+            pending.text_bytes(),
+            texts.iter().map(|t| t.len()).sum::<usize>()
+        );
+    }
+
+    #[test]
+    fn a_partial_retry_keeps_exactly_the_refused_messages_in_order() {
+        let mut pending = of(&[(1, "one"), (2, "two"), (3, "three"), (4, "four")]);
+        pending.keep_only(&[1, 3]);
+        assert_eq!(all(&pending), vec![(2, "two".into()), (4, "four".into())]);
+        pending.keep_only(&[1]);
+        assert_eq!(all(&pending), vec![(4, "four".into())]);
+        pending.keep_only(&[]);
+        assert!(pending.is_empty());
+    }
+
+    #[test]
+    fn a_batch_cleared_keeps_its_buffer_and_one_released_lets_it_go() {
+        let mut pending = of(&[(1, &"x".repeat(5000))]);
+        pending.clear();
+        assert!(pending.is_empty());
+        assert!(pending.text.capacity() >= 5000, "kept for a busy session");
+        pending.push(2, "y");
+        assert_eq!(all(&pending), vec![(2, "y".into())]);
+        pending.release();
+        assert_eq!(pending.text.capacity(), 0, "an idle session holds nothing");
+        assert_eq!(pending.entries.capacity(), 0);
+        // The next batch reserves what the last one held, at once.
+        pending.push(3, "z");
+        assert!((1..5000).contains(&pending.text.capacity()));
+        assert_eq!(all(&pending), vec![(3, "z".into())]);
+        pending.push(4, &"w".repeat(3000));
+        pending.clear();
+        pending.release();
+        pending.push(5, "v");
+        assert!(pending.text.capacity() >= 3001, "what the last batch held");
     }
 }

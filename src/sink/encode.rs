@@ -18,7 +18,7 @@ use crate::crd::DataFormat;
 /// the HTTP sink's body (the stream contract's field order); with
 /// [`DataFormat::Json`] each entry is `{"seq":…,"json":…}`.
 pub fn batch_json(batch: &Batch<'_>, format: DataFormat) -> Vec<u8> {
-    let text: usize = batch.messages.iter().map(|m| m.data.len() + 32).sum();
+    let text = batch.messages.text_bytes() + 32 * batch.messages.len();
     let mut out = Vec::with_capacity(text + 128);
     out.extend_from_slice(br#"{"connection":"#);
     push_str(&mut out, batch.connection.as_bytes());
@@ -33,7 +33,7 @@ pub fn batch_json(batch: &Batch<'_>, format: DataFormat) -> Vec<u8> {
         }
         out.extend_from_slice(br#"{"seq":"#);
         push_u64(&mut out, m.seq);
-        push_data(&mut out, m, format);
+        push_data(&mut out, &m, format);
         out.push(b'}');
     }
     out.extend_from_slice(b"]}");
@@ -154,10 +154,7 @@ fn escape_mask(w: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn text(m: &Message) -> &str {
-        std::str::from_utf8(m.data.as_bytes()).unwrap()
-    }
+    use crate::sink::batch::Pending;
 
     fn strings() -> Vec<String> {
         let mut all: Vec<String> = [
@@ -246,15 +243,17 @@ mod tests {
 
     #[test]
     fn bodies_and_records_are_what_serde_json_writes() {
-        let messages: Vec<Message> = strings()
-            .into_iter()
+        let texts = strings();
+        let all: Vec<Message> = texts
+            .iter()
             .enumerate()
             .map(|(i, s)| Message {
                 seq: i as u64 * 1_000_003,
-                data: s.into(),
+                data: s,
             })
             .collect();
-        for messages in [&messages[..], &messages[..1], &[]] {
+        for some in [&all[..], &all[..1], &[]] {
+            let messages: &Pending = &some.iter().copied().collect();
             let batch = Batch {
                 connection: "ns/na\"me",
                 worker: "w-1\\x",
@@ -269,7 +268,7 @@ mod tests {
                     .iter()
                     .map(|m| Entry {
                         seq: m.seq,
-                        data: text(m),
+                        data: m.data,
                     })
                     .collect(),
             };
@@ -283,10 +282,10 @@ mod tests {
                     "worker": batch.worker,
                     "token": batch.token,
                     "seq": m.seq,
-                    "data": text(m),
+                    "data": m.data,
                 });
                 assert_eq!(
-                    String::from_utf8(record_json(&batch, m, DataFormat::String)).unwrap(),
+                    String::from_utf8(record_json(&batch, &m, DataFormat::String)).unwrap(),
                     by_value.to_string()
                 );
             }
@@ -305,12 +304,12 @@ mod tests {
             r#""a string""#,
             r#"{"nested":{"deep":[{"x":"\n"}]},"seq":18446744073709551615}"#,
         ];
-        let messages: Vec<Message> = texts
+        let messages: Pending = texts
             .iter()
             .enumerate()
             .map(|(i, t)| Message {
                 seq: i as u64,
-                data: (*t).into(),
+                data: t,
             })
             .collect();
         let batch = Batch {
@@ -327,13 +326,13 @@ mod tests {
             "token": 7,
             "messages": messages.iter().map(|m| serde_json::json!({
                 "seq": m.seq,
-                "json": serde_json::from_str::<serde_json::Value>(text(m)).unwrap(),
+                "json": serde_json::from_str::<serde_json::Value>(m.data).unwrap(),
             })).collect::<Vec<_>>(),
         });
         assert_eq!(parsed, expected);
         for (m, t) in messages.iter().zip(texts) {
             assert!(body.contains(&format!(r#"{{"seq":{},"json":{t}}}"#, m.seq)));
-            let record = String::from_utf8(record_json(&batch, m, DataFormat::Json)).unwrap();
+            let record = String::from_utf8(record_json(&batch, &m, DataFormat::Json)).unwrap();
             assert_eq!(
                 record,
                 format!(

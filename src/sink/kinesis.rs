@@ -62,7 +62,7 @@ impl KinesisSink {
         let mut sizes = Vec::with_capacity(batch.messages.len());
         let mut entries = Vec::with_capacity(batch.messages.len());
         for m in batch.messages {
-            let data = record_json(batch, m, self.data_format);
+            let data = record_json(batch, &m, self.data_format);
             let size = data.len() + batch.connection.len();
             if size > MAX_RECORD_BYTES {
                 // Never dropped: the stream stops here, its status says why.

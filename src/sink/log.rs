@@ -11,7 +11,7 @@ impl LogSink {
     pub fn deliver(&self, batch: &Batch<'_>) -> Result<(), SinkError> {
         let mut out = std::io::stdout().lock();
         for m in batch.messages {
-            let mut line = record_json(batch, m, DataFormat::String);
+            let mut line = record_json(batch, &m, DataFormat::String);
             line.push(b'\n');
             out.write_all(&line)?;
         }

@@ -11,7 +11,7 @@ mod log;
 mod nats;
 
 use batch::LOG_BATCHING;
-pub use batch::{Batch, Batching, Message, SinkError, Text, TextArena};
+pub use batch::{Batch, Batching, Message, Messages, Pending, SinkError};
 pub use clients::SinkClients;
 pub use encode::{batch_json, record_json};
 pub use http::{FENCED_HEADER, HttpSink};

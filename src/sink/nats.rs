@@ -115,7 +115,11 @@ impl NatsSink {
             headers.insert(SEQ_HEADER, m.seq.to_string().as_str());
             crate::telemetry::inject_nats(&mut headers);
             match js
-                .publish_with_headers(self.subject.clone(), headers, m.data.to_bytes())
+                .publish_with_headers(
+                    self.subject.clone(),
+                    headers,
+                    bytes::Bytes::copy_from_slice(m.data.as_bytes()),
+                )
                 .await
             {
                 Ok(ack) => pending.push(ack),

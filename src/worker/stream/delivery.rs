@@ -8,7 +8,7 @@
 
 use super::progress::StreamProgress;
 use crate::metrics::WorkerMetrics;
-use crate::sink::{Batch, Message, Sink, SinkError};
+use crate::sink::{Batch, Pending, Sink, SinkError};
 use crate::support::RetryPolicy;
 use crate::worker::fence::Fence;
 use std::time::Duration;
@@ -51,7 +51,7 @@ pub(super) struct Delivery<'a> {
 impl Delivery<'_> {
     /// Delivers `batch` until the sink acknowledges it, then advances the
     /// checkpoint and clears the batch.
-    pub(super) async fn deliver(&self, batch: &mut Vec<Message>) -> Result<(), Undelivered> {
+    pub(super) async fn deliver(&self, batch: &mut Pending) -> Result<(), Undelivered> {
         let Some(last) = batch.last().map(|m| m.seq) else {
             return Ok(());
         };
@@ -67,7 +67,7 @@ impl Delivery<'_> {
                 connection: self.connection,
                 worker: self.worker,
                 token: self.token,
-                messages: batch,
+                messages: &*batch,
             };
             let sent = Instant::now();
             let span = tracing::info_span!(
@@ -143,14 +143,9 @@ impl Delivery<'_> {
                     // accepted records after a refused one are not counted
                     // again, but a replay after a crash may repeat them.
                     if let Some(prefix_end) = failed[0].checked_sub(1) {
-                        self.progress.ack(batch[prefix_end].seq);
+                        self.progress.ack(batch.get(prefix_end).seq);
                     }
-                    let mut index = 0;
-                    batch.retain(|_| {
-                        let keep = failed.binary_search(&index).is_ok();
-                        index += 1;
-                        keep
-                    });
+                    batch.keep_only(&failed);
                     self.backoff(
                         &mut attempt,
                         &format!("{accepted} of {total} accepted; retrying the rest in order"),
@@ -295,10 +290,8 @@ mod tests {
             metrics: &metrics,
             abort: &abort,
         };
-        let mut batch = vec![Message {
-            seq,
-            data: "x".into(),
-        }];
+        let mut batch = Pending::default();
+        batch.push(seq, "x");
         let ended = tokio::time::timeout(Duration::from_secs(20), delivery.deliver(&mut batch))
             .await
             .expect(overdue);

@@ -16,7 +16,7 @@ use crate::egress::HostPolicy;
 use crate::egress::KinesisStreams;
 use crate::lease::{Phase, StreamKey, now_ms};
 use crate::metrics::WorkerMetrics;
-use crate::sink::{Message, Sink, SinkClients, TextArena};
+use crate::sink::{Pending, Sink, SinkClients};
 use crate::support::RetryPolicy;
 use crate::worker::fence::Fence;
 use base64::Engine;
@@ -463,8 +463,7 @@ async fn pump(
         pointer: pointer.as_ref(),
         json_only: sink.data_format() == DataFormat::Json,
         high_water: checkpoint,
-        batch: Vec::new(),
-        arena: TextArena::default(),
+        batch: Pending::default(),
         received: 0,
         bytes: 0,
     };
@@ -527,6 +526,10 @@ async fn pump(
         // Deliver what was read before reacting to a disconnect: it is already
         // in hand, and delivering it saves a replay.
         if (flush_now || ended.is_some()) && !intake.batch.is_empty() {
+            // A full batch says more is waiting: its buffers are kept for the
+            // next. A partial one (the linger ran out) lets them go, so an
+            // idle session holds none.
+            let busy = intake.batch.len() >= max_batch;
             if let Err(u) = Box::pin(delivery.deliver(&mut intake.batch)).await {
                 // Fenced: the socket goes at once (see above).
                 if !matches!(u, Undelivered::Fenced) {
@@ -535,7 +538,9 @@ async fn pump(
                 return PumpEnd::Ended(u.into());
             }
             lingering = false;
-            intake.arena.release();
+            if !busy {
+                intake.batch.release();
+            }
             // We did not read while delivering; do not mistake that for a dead peer.
             last_heard = Instant::now();
         }
@@ -554,9 +559,8 @@ struct Intake<'a> {
     /// every parser takes is skipped (`sequence_of` checks).
     json_only: bool,
     high_water: Option<u64>,
-    batch: Vec<Message>,
-    /// The text of the batch's messages (copied out of the frames).
-    arena: TextArena,
+    /// Read and not yet delivered (each text copied out of its frame).
+    batch: Pending,
     /// Messages and bytes read since the counters were last advanced.
     received: u64,
     bytes: u64,
@@ -607,10 +611,7 @@ impl Intake<'_> {
                 self.received += 1;
                 self.bytes += text.len() as u64;
                 match sequence_of(&text, self.pointer, &mut self.high_water, self.json_only) {
-                    Ok(Some(seq)) => self.batch.push(Message {
-                        seq,
-                        data: self.arena.copy(&text),
-                    }),
+                    Ok(Some(seq)) => self.batch.push(seq, &text),
                     Ok(None) => {} // a replay of something already acknowledged
                     Err(Unsequenced::NotEmbeddable(seq)) => self.not_json(seq, metrics),
                     Err(Unsequenced::Unusable(why)) => {
@@ -638,10 +639,7 @@ impl Intake<'_> {
                 } else {
                     let seq = next_counter(&mut self.high_water);
                     let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
-                    self.batch.push(Message {
-                        seq,
-                        data: data.into(),
-                    });
+                    self.batch.push(seq, &data);
                 }
                 None
             }
@@ -791,8 +789,7 @@ mod tests {
                 pointer: None,
                 json_only,
                 high_water: Some(9),
-                batch: Vec::new(),
-                arena: TextArena::default(),
+                batch: Pending::default(),
                 received: 0,
                 bytes: 0,
             };
@@ -802,12 +799,7 @@ mod tests {
             let taken: Vec<(u64, String)> = intake
                 .batch
                 .iter()
-                .map(|m| {
-                    (
-                        m.seq,
-                        String::from_utf8(m.data.as_bytes().to_vec()).unwrap(),
-                    )
-                })
+                .map(|m| (m.seq, m.data.to_string()))
                 .collect();
             if json_only {
                 assert_eq!(
@@ -833,8 +825,7 @@ mod tests {
             pointer: Some(&pointer),
             json_only: true,
             high_water: None,
-            batch: Vec::new(),
-            arena: TextArena::default(),
+            batch: Pending::default(),
             received: 0,
             bytes: 0,
         };
