@@ -56,6 +56,8 @@ impl Acquirer {
             self.ended.entry(w.incarnation.clone()).or_insert(Ended {
                 first_seen: now,
                 emptied: w.state == WorkerState::Left,
+                empty_shards: 0,
+                rotation: super::rotation::Rotation::default(),
                 last_scan: None,
             });
         }
@@ -84,22 +86,49 @@ impl Acquirer {
         Ok(())
     }
 
-    /// A departed incarnation's streams, a bounded read of each of its
-    /// partitions (`sampling`): STARTED ones become candidates (with its
-    /// packed checkpoint), STOPPED ones are freed. `false` when it holds none.
+    /// A departed incarnation's streams, a bounded read (`sampling`) of this
+    /// pass's turn of its partitions not yet found empty (`rotation`; every
+    /// one of them once it was found empty, for its successor's look for late
+    /// arrivals): STARTED ones become candidates (with its packed
+    /// checkpoint), STOPPED ones are freed. `false` once every partition was
+    /// found empty.
     async fn ended_streams(
         &mut self,
         dead: &Incarnation,
         candidates: &mut Vec<Candidate>,
     ) -> Result<bool, StoreError> {
+        let per_pass = self.shards_per_pass();
+        let Some(ended) = self.ended.get_mut(dead) else {
+            return Ok(false);
+        };
+        if ended.emptied {
+            ended.empty_shards = 0;
+        }
+        let remaining: Vec<u32> = (0..HOLDER_SHARDS)
+            .filter(|&s| ended.empty_shards & (1 << s) == 0)
+            .collect();
+        let count = if ended.emptied {
+            remaining.len()
+        } else {
+            per_pass
+        };
+        let turn = ended.rotation.turn(&remaining, count);
         let mut found = crate::lease::Found::default();
-        for shard in 0..HOLDER_SHARDS {
-            let (part, _) = self.sample("query_held", &dead.holder(shard)).await?;
+        let mut emptied_now = 0u32;
+        for shard in turn {
+            let (part, complete) = self.sample("query_held", &dead.holder(shard)).await?;
+            if complete && part.records.is_empty() && part.malformed.is_empty() {
+                emptied_now |= 1 << shard;
+            }
             found.records.extend(part.records);
             found.malformed.extend(part.malformed);
         }
+        let all_empty = self.ended.get_mut(dead).is_none_or(|e| {
+            e.empty_shards |= emptied_now;
+            e.empty_shards == (1 << HOLDER_SHARDS) - 1
+        });
         if found.records.is_empty() && found.malformed.is_empty() {
-            return Ok(false);
+            return Ok(!all_empty);
         }
         if !self.dead_checkpoints.contains_key(dead) {
             let checkpoints = self.ctx.store.checkpoints_of(dead).await?;

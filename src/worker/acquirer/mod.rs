@@ -4,8 +4,8 @@
 //! reading peers and the fleet view (`peers`), declaring the overdue dead on
 //! this worker's monotonic clock (`overdue`, with when a watched peer is next
 //! read in `renewal_forecast`), what departed incarnations left
-//! (`departed`), the pace of acquires (`pacing`), how much of an orphan
-//! partition a pass reads (`sampling`), and when a pass may skip
+//! (`departed`), the pace of acquires (`pacing`), which orphan partitions a
+//! pass reads (`rotation`) and how much of each (`sampling`), and when a pass may skip
 //! the fleet's reads (`quiet`, with what it remembers in `quiet_state`).
 
 mod audit;
@@ -20,6 +20,7 @@ mod peers;
 mod quiet;
 mod quiet_state;
 mod renewal_forecast;
+mod rotation;
 mod sampling;
 
 pub(super) use pass::{Acquired, Acquirer};

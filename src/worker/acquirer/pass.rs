@@ -37,6 +37,11 @@ pub(super) struct Ended {
     pub(super) first_seen: Instant,
     /// Its partitions were found empty at least once.
     pub(super) emptied: bool,
+    /// Its partitions found empty since (a bit per shard): not read again
+    /// while others are still being emptied.
+    pub(super) empty_shards: u32,
+    /// Which of its partitions this worker reads next.
+    pub(super) rotation: super::rotation::Rotation,
     pub(super) last_scan: Option<Instant>,
 }
 
@@ -87,6 +92,14 @@ pub(crate) struct Acquirer {
     /// This incarnation's fence: nothing is acquired while it is closed.
     pub(super) fence: Arc<Fence>,
     pub(super) last_unowned_scan: Option<Instant>,
+    /// Which unowned partitions this worker reads next, and how many more
+    /// passes read them before the turn that began with a hint of new
+    /// orphans has been through every one.
+    pub(super) unowned_rotation: super::rotation::Rotation,
+    pub(super) unowned_turns_left: u32,
+    /// The last read of the unowned partitions found orphans.
+    pub(super) unowned_seen: bool,
+    /// The last pass found orphans anywhere.
     pub(super) orphans_seen: bool,
     pub(super) last_full_refresh: Option<Instant>,
     /// When the audit, the sweep and the roster's look are next due.
@@ -145,6 +158,9 @@ impl Acquirer {
             ended: HashMap::new(),
             fence,
             last_unowned_scan: None,
+            unowned_rotation: super::rotation::Rotation::default(),
+            unowned_turns_left: 0,
+            unowned_seen: true,
             orphans_seen: true,
             last_full_refresh: None,
             audit_schedule: super::audit_schedule::AuditSchedule::new(Instant::now()),
@@ -187,20 +203,28 @@ impl Acquirer {
         }
         let mut candidates = Vec::new();
         let now = Instant::now();
-        let scan_unowned = scan_triggered
-            || self.orphans_seen
+        let per_pass = self.shards_per_pass();
+        if scan_triggered {
+            self.unowned_turns_left = super::rotation::Rotation::cycle(per_pass);
+        }
+        let scan_unowned = self.unowned_seen
+            || self.unowned_turns_left > 0
             || self
                 .last_unowned_scan
                 .is_none_or(|t| now.duration_since(t) >= UNOWNED_SCAN_PERIOD);
         if scan_unowned {
             self.last_unowned_scan = Some(now);
-            for shard in 0..HOLDER_SHARDS {
+            self.unowned_turns_left = self.unowned_turns_left.saturating_sub(1);
+            let shards: Vec<u32> = (0..HOLDER_SHARDS).collect();
+            let before = candidates.len();
+            for shard in self.unowned_rotation.turn(&shards, per_pass) {
                 let (found, _) = self.sample("query_unowned", &unowned_holder(shard)).await?;
                 self.take_found(found, &mut candidates, |r| {
                     (r.desired_state == DesiredState::Started && r.ownership() == Ownership::Free)
                         .then_some(AcquireFrom::Free)
                 });
             }
+            self.unowned_seen = candidates.len() > before;
         }
         if self.legacy_index
             && let Some((found, store_now)) = self.legacy_orphans().await?
@@ -697,6 +721,16 @@ impl Acquirer {
 }
 
 impl Acquirer {
+    /// Partitions of an orphan holder one pass reads (`rotation`): all of
+    /// them for the whole reads of 0.4, which the benchmarks compare with.
+    pub(super) fn shards_per_pass(&self) -> usize {
+        if self.ctx.settings.read_orphans_whole {
+            HOLDER_SHARDS as usize
+        } else {
+            super::rotation::Rotation::per_pass(self.view.live())
+        }
+    }
+
     /// A bounded read of one orphan partition (`sampling::read_limit` items from a
     /// random start); `complete` when it saw every item there.
     pub(super) async fn sample(
