@@ -103,3 +103,53 @@ impl SimWorker {
         self.metrics.active_connections.get()
     }
 }
+
+/// A simulated worker on `table` with short timings (lease 4 s, heartbeat
+/// 1.5 s, passes every 250 ms), room for `max_connections`, and the metrics
+/// of its own store client (what it read and wrote); `whole`: it reads
+/// every orphan partition whole, every pass, as 0.4 did.
+pub async fn worker_on(
+    table: &str,
+    id: &str,
+    max_connections: usize,
+    whole: bool,
+) -> (SimWorker, Arc<tether::metrics::StoreMetrics>) {
+    let metrics = Arc::new(tether::metrics::StoreMetrics::new());
+    let store = LeaseStore::connect(crate::store::store_config(table), metrics.clone())
+        .await
+        .expect("store client");
+    let mut settings = settings(
+        id,
+        Duration::from_secs(4),
+        Duration::from_millis(1500),
+        Duration::from_millis(250),
+        max_connections,
+    );
+    settings.read_orphans_whole = whole;
+    (
+        SimWorker::start(settings, store).expect("simulated worker"),
+        metrics,
+    )
+}
+
+/// A fresh table holding `n` STARTED streams of namespace `ns` that nobody
+/// owns yet.
+pub async fn store_with_orphans(ns: &str, n: usize) -> LeaseStore {
+    use futures::StreamExt;
+    let store = crate::store::fresh_store(None).await;
+    let spec = crate::fixtures::log_spec("ws://127.0.0.1:9/never-dialled");
+    let loaded: Vec<_> = futures::stream::iter((0..n).map(|i| {
+        let desired = spec.to_desired(
+            tether::lease::StreamKey::new(ns, format!("s{i:05}")),
+            1,
+            None,
+        );
+        let store = store.clone();
+        async move { store.upsert_desired(&desired).await }
+    }))
+    .buffer_unordered(32)
+    .collect()
+    .await;
+    assert!(loaded.iter().all(Result::is_ok), "loading {n} streams");
+    store
+}

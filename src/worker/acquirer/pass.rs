@@ -186,7 +186,11 @@ impl Acquirer {
         // Every pass, quiet or failing ones too: the peak must cover the
         // whole window before a handoff, not only the passes that reach one.
         self.observe_total(now);
-        if self.may_stay_quiet(now) && !self.quiet_pass(now).await? {
+        // A quiet fleet's first full pass follows a change it read (the
+        // counter moved: a stream created, released or asked to move, or a
+        // peer in trouble): a hint of new orphans, like a peer's marker.
+        let after_quiet = self.may_stay_quiet(now);
+        if after_quiet && !self.quiet_pass(now).await? {
             let fleet = self.quiet.fleet.clone();
             return self.audit_if_due(now, &fleet).await;
         }
@@ -204,7 +208,7 @@ impl Acquirer {
         let mut candidates = Vec::new();
         let now = Instant::now();
         let per_pass = self.shards_per_pass();
-        if scan_triggered {
+        if scan_triggered || after_quiet {
             self.unowned_turns_left = super::rotation::Rotation::cycle(per_pass);
         }
         let scan_unowned = self.unowned_seen
