@@ -14,9 +14,9 @@
 //! longer period is a write with neither its notification nor its bump (a
 //! person editing the table, a writer of an earlier release, a writer that
 //! crashed between its write and both), and for the last, whoever mirrors
-//! the resource next reminds the owner sooner (`lease::owner_behind`). The sweep and the roster keep the
-//! shorter period: they cost little, and they are what finds writes no one
-//! announces.
+//! the resource next reminds the owner sooner (`lease::owner_behind`). The
+//! sweep and the roster keep the shorter period: they cost little, and they
+//! are what finds writes no one announces.
 
 use super::pass::Acquirer;
 use crate::lease::{
