@@ -30,6 +30,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tether::support::lock;
@@ -108,6 +109,10 @@ struct ModelState {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     usage: Mutex<Usage>,
     history: Mutex<Vec<HistoryEntry>>,
+    /// Set by [`CapacityModel::remember_table_descriptions`].
+    remember_descriptions: AtomicBool,
+    /// Each table's first successful DescribeTable answer.
+    descriptions: Mutex<HashMap<String, (StatusCode, HeaderMap, Bytes)>>,
 }
 
 /// The running model; stops when dropped.
@@ -144,6 +149,8 @@ impl CapacityModel {
             locks: Mutex::default(),
             usage: Mutex::default(),
             history: Mutex::default(),
+            remember_descriptions: AtomicBool::new(false),
+            descriptions: Mutex::default(),
         });
         let app = Router::new().fallback(handle).with_state(state.clone());
         let task = tokio::spawn(async move {
@@ -154,6 +161,18 @@ impl CapacityModel {
 
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// From now on, answers each table's DescribeTable with the first
+    /// successful answer the server gave, as DynamoDB answers it from the
+    /// table's metadata (its item count is refreshed about every six hours).
+    /// dynoxide counts and sizes every item for each DescribeTable, so a
+    /// fleet starting on a table of 100,000 items would otherwise wait on
+    /// the simulation, not on anything DynamoDB does.
+    pub fn remember_table_descriptions(&self) {
+        self.state
+            .remember_descriptions
+            .store(true, Ordering::Relaxed);
     }
 
     /// Forgets usage and history (e.g. after loading a table directly).
@@ -379,6 +398,24 @@ async fn handle_to_completion(state: Arc<ModelState>, headers: HeaderMap, body: 
         }
         "Query" | "GetItem" | "Scan" | "BatchGetItem" => {
             read(&state, &headers, &mut request, &target, &table).await
+        }
+        "DescribeTable" if state.remember_descriptions.load(Ordering::Relaxed) => {
+            let remembered = lock(&state.descriptions).get(&table).cloned();
+            match remembered {
+                Some(answer) => Ok(answer),
+                None => {
+                    let answer = state
+                        .send(&target, &request, Some(&headers))
+                        .await
+                        .map_err(IntoResponse::into_response);
+                    if let Ok(ok) = &answer
+                        && ok.0.is_success()
+                    {
+                        lock(&state.descriptions).insert(table.clone(), ok.clone());
+                    }
+                    answer
+                }
+            }
         }
         _ => state
             .send(&target, &request, Some(&headers))
@@ -632,5 +669,54 @@ mod tests {
         let v1 = json!({"KeyConditionExpression": "desired_state = :partition AND lease_expires_at_ms < :now",
             "ExpressionAttributeValues": {":partition": {"S": "STARTED"}, ":now": {"N": "5"}}});
         assert_eq!(query_partition(&v1).as_deref(), Some("STARTED"));
+    }
+
+    /// The item count in a DescribeTable answer from `endpoint`.
+    async fn item_count(endpoint: &str, table: &str) -> i64 {
+        let answer: Value = reqwest::Client::new()
+            .post(endpoint)
+            .header("x-amz-target", "DynamoDB_20120810.DescribeTable")
+            .header("content-type", "application/x-amz-json-1.0")
+            .header("x-amz-date", "20260101T000000Z")
+            .header(
+                "authorization",
+                "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host;x-amz-date, Signature=0",
+            )
+            .body(json!({ "TableName": table }).to_string())
+            .send()
+            .await
+            .expect("DescribeTable is answered")
+            .json()
+            .await
+            .expect("a JSON answer");
+        answer["Table"]["ItemCount"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no item count in {answer}"))
+    }
+
+    #[tokio::test]
+    async fn a_remembered_description_is_answered_from_memory_and_others_from_the_server() {
+        let store = crate::store::fresh_store(None).await;
+        let table = store.table().to_string();
+        let server = crate::store::endpoint().0;
+        let passed = CapacityModel::start(crate::bed::loopback(), &server, true)
+            .await
+            .unwrap();
+        let remembering = CapacityModel::start(crate::bed::loopback(), &server, true)
+            .await
+            .unwrap();
+        remembering.remember_table_descriptions();
+        assert_eq!(item_count(&remembering.endpoint(), &table).await, 0);
+        let spec = crate::fixtures::log_spec("ws://127.0.0.1:9/never-dialled");
+        let desired = spec.to_desired(tether::lease::StreamKey::new("model", "s1"), 1, None);
+        store.upsert_desired(&desired).await.unwrap();
+        let now = item_count(&server, &table).await;
+        assert!(now > 0, "the stream's item is counted");
+        assert_eq!(item_count(&passed.endpoint(), &table).await, now);
+        assert_eq!(
+            item_count(&remembering.endpoint(), &table).await,
+            0,
+            "the first answer, remembered"
+        );
     }
 }

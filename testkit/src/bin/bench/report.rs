@@ -234,9 +234,12 @@ fn markdown(r: &Value) -> String {
             "---|".repeat(designs.len()),
         ));
         let secs = |v: &Value| format!("{:.1} s", v.as_f64().unwrap_or(0.0));
-        let rows: [Row; 11] = [
-            ("streams created at once, in", &|d| secs(&d["created_in_s"])),
-            ("all owned, from the first created (cold start)", &|d| {
+        let rows: [Row; 12] = [
+            (
+                "streams loaded into the table before the fleet starts, in",
+                &|d| secs(&d["loaded_in_s"]),
+            ),
+            ("all owned, from the fleet's start (cold start)", &|d| {
                 secs(&d["acquire_all_s"])
             }),
             ("read units during the cold start", &|d| {
@@ -250,7 +253,7 @@ fn markdown(r: &Value) -> String {
             }),
             ("hottest key then", &|d| hottest(&d["acquisition"])),
             (
-                "every worker within ±1 of its fair share, after the cold start",
+                "every worker within ±1 of its fair share, after all were owned",
                 &|d| {
                     format!(
                         "{} (largest distance {})",
@@ -273,6 +276,12 @@ fn markdown(r: &Value) -> String {
             }),
             ("all owned again after", &|d| {
                 secs(&d["failover_all_owned_again_s"])
+            }),
+            ("acquires won / lost to another worker then", &|d| {
+                format!(
+                    "{} / {}",
+                    d["failover_acquires_won"], d["failover_acquires_lost_races"]
+                )
             }),
             ("hottest key then", &|d| hottest(&d["failover"])),
             ("double owners in the store's history", &|d| {
