@@ -30,7 +30,6 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tether::support::lock;
@@ -109,10 +108,10 @@ struct ModelState {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     usage: Mutex<Usage>,
     history: Mutex<Vec<HistoryEntry>>,
-    /// Set by [`CapacityModel::remember_table_descriptions`].
-    remember_descriptions: AtomicBool,
-    /// Each table's first successful DescribeTable answer.
-    descriptions: Mutex<HashMap<String, (StatusCode, HeaderMap, Bytes)>>,
+    /// Each table's first successful DescribeTable answer, once
+    /// [`CapacityModel::remember_table_descriptions`] was called (`None`
+    /// before: every DescribeTable goes to the server).
+    descriptions: Mutex<Option<HashMap<String, Answer>>>,
 }
 
 /// The running model; stops when dropped.
@@ -149,7 +148,6 @@ impl CapacityModel {
             locks: Mutex::default(),
             usage: Mutex::default(),
             history: Mutex::default(),
-            remember_descriptions: AtomicBool::new(false),
             descriptions: Mutex::default(),
         });
         let app = Router::new().fallback(handle).with_state(state.clone());
@@ -170,9 +168,7 @@ impl CapacityModel {
     /// fleet starting on a table of 100,000 items would otherwise wait on
     /// the simulation, not on anything DynamoDB does.
     pub fn remember_table_descriptions(&self) {
-        self.state
-            .remember_descriptions
-            .store(true, Ordering::Relaxed);
+        lock(&self.state.descriptions).get_or_insert_default();
     }
 
     /// Forgets usage and history (e.g. after loading a table directly).
@@ -289,7 +285,7 @@ impl ModelState {
         target: &str,
         body: &Value,
         headers: Option<&HeaderMap>,
-    ) -> Result<(StatusCode, HeaderMap, Bytes), StatusCode> {
+    ) -> Result<Answer, StatusCode> {
         let mut request = self.client.post(&self.target).body(body.to_string());
         match headers {
             Some(headers) => {
@@ -299,16 +295,7 @@ impl ModelState {
                     }
                 }
             }
-            None => {
-                request = request
-                    .header("x-amz-target", format!("DynamoDB_20120810.{target}"))
-                    .header("content-type", "application/x-amz-json-1.0")
-                    .header("x-amz-date", "20260101T000000Z")
-                    .header(
-                        "authorization",
-                        "AWS4-HMAC-SHA256 Credential=capacity/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host;x-amz-date, Signature=0",
-                    );
-            }
+            None => request = own_call(request, target),
         }
         let resp = request.send().await.map_err(|_| StatusCode::BAD_GATEWAY)?;
         let status = resp.status();
@@ -343,6 +330,20 @@ impl ModelState {
     fn key_lock(&self, id: String) -> Arc<tokio::sync::Mutex<()>> {
         lock(&self.locks).entry(id).or_default().clone()
     }
+}
+
+/// The headers of a call the model makes itself (not a client's, passed
+/// on): a DynamoDB operation with a signature the local servers accept
+/// without checking it.
+fn own_call(request: reqwest::RequestBuilder, target: &str) -> reqwest::RequestBuilder {
+    request
+        .header("x-amz-target", format!("DynamoDB_20120810.{target}"))
+        .header("content-type", "application/x-amz-json-1.0")
+        .header("x-amz-date", "20260101T000000Z")
+        .header(
+            "authorization",
+            "AWS4-HMAC-SHA256 Credential=capacity/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host;x-amz-date, Signature=0",
+        )
 }
 
 fn s_attr(item: Option<&Value>, name: &str) -> Option<String> {
@@ -399,23 +400,8 @@ async fn handle_to_completion(state: Arc<ModelState>, headers: HeaderMap, body: 
         "Query" | "GetItem" | "Scan" | "BatchGetItem" => {
             read(&state, &headers, &mut request, &target, &table).await
         }
-        "DescribeTable" if state.remember_descriptions.load(Ordering::Relaxed) => {
-            let remembered = lock(&state.descriptions).get(&table).cloned();
-            match remembered {
-                Some(answer) => Ok(answer),
-                None => {
-                    let answer = state
-                        .send(&target, &request, Some(&headers))
-                        .await
-                        .map_err(IntoResponse::into_response);
-                    if let Ok(ok) = &answer
-                        && ok.0.is_success()
-                    {
-                        lock(&state.descriptions).insert(table.clone(), ok.clone());
-                    }
-                    answer
-                }
-            }
+        "DescribeTable" if lock(&state.descriptions).is_some() => {
+            describe_remembered(&state, &headers, &request, &table).await
         }
         _ => state
             .send(&target, &request, Some(&headers))
@@ -428,7 +414,35 @@ async fn handle_to_completion(state: Arc<ModelState>, headers: HeaderMap, body: 
     }
 }
 
-type Forwarded = Result<(StatusCode, HeaderMap, Bytes), Response>;
+/// A server's answer as the model passes it on.
+type Answer = (StatusCode, HeaderMap, Bytes);
+type Forwarded = Result<Answer, Response>;
+
+/// DescribeTable answered from the table's first successful answer, which
+/// is asked of the server and remembered when there is none yet.
+async fn describe_remembered(
+    state: &ModelState,
+    headers: &HeaderMap,
+    request: &Value,
+    table: &str,
+) -> Forwarded {
+    let remembered = lock(&state.descriptions)
+        .as_ref()
+        .and_then(|d| d.get(table).cloned());
+    if let Some(answer) = remembered {
+        return Ok(answer);
+    }
+    let answer = state
+        .send("DescribeTable", request, Some(headers))
+        .await
+        .map_err(IntoResponse::into_response)?;
+    if answer.0.is_success()
+        && let Some(d) = lock(&state.descriptions).as_mut()
+    {
+        d.insert(table.to_string(), answer.clone());
+    }
+    Ok(answer)
+}
 
 async fn write(
     state: &ModelState,
@@ -673,16 +687,10 @@ mod tests {
 
     /// The item count in a DescribeTable answer from `endpoint`.
     async fn item_count(endpoint: &str, table: &str) -> i64 {
-        let answer: Value = reqwest::Client::new()
+        let request = reqwest::Client::new()
             .post(endpoint)
-            .header("x-amz-target", "DynamoDB_20120810.DescribeTable")
-            .header("content-type", "application/x-amz-json-1.0")
-            .header("x-amz-date", "20260101T000000Z")
-            .header(
-                "authorization",
-                "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host;x-amz-date, Signature=0",
-            )
-            .body(json!({ "TableName": table }).to_string())
+            .body(json!({ "TableName": table }).to_string());
+        let answer: Value = own_call(request, "DescribeTable")
             .send()
             .await
             .expect("DescribeTable is answered")

@@ -20,21 +20,17 @@
 //! partition `STARTED`.
 
 use crate::Ctx;
-use futures::StreamExt;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
-use tether::lease::{LeaseStore, StoreConfig, StreamKey};
+use tether::lease::{LeaseStore, StoreConfig};
 use tether::metrics::StoreMetrics;
 use tether_testkit::bed::{BedOptions, loopback};
 use tether_testkit::capacity::{CapacityModel, double_owners};
 use tether_testkit::fixtures::log_spec;
 use tether_testkit::sim::{self, SimWorker};
-use tether_testkit::store::{endpoint, fresh_store};
+use tether_testkit::store::endpoint;
 use tokio::time::Instant;
-
-/// Upserts in flight while loading the table.
-const LOAD_CONCURRENCY: usize = 64;
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Value> {
     let tether = tether_run(ctx, false).await?;
@@ -84,25 +80,16 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     };
     println!("scale: {design}");
     let n = p.scale_streams;
-    let direct = fresh_store(None).await;
-    let table = direct.table().to_string();
     // The table is loaded first, directly (not through the model): the cold
     // start is a fleet starting on a table that already holds every stream,
     // as after a cluster restart or with resources applied while no worker
     // ran. (Created while the fleet runs, the streams arrive only as fast as
     // the simulated store takes them: 30,000 took 41 s.)
     let loading = Instant::now();
-    let spec = log_spec("ws://127.0.0.1:9/never-dialled");
-    futures::stream::iter((0..n).map(|i| {
-        let desired = spec.to_desired(StreamKey::new("scale", format!("s{i:06}")), 1, None);
-        let store = direct.clone();
-        async move { store.upsert_desired(&desired).await }
-    }))
-    .buffer_unordered(LOAD_CONCURRENCY)
-    .collect::<Vec<_>>()
-    .await
-    .into_iter()
-    .collect::<Result<Vec<_>, _>>()?;
+    let table = sim::store_with_orphans("scale", n)
+        .await
+        .table()
+        .to_string();
     let loaded_in = loading.elapsed().as_secs_f64();
     println!("scale: {n} streams loaded in {loaded_in:.0}s");
     let model = CapacityModel::start(loopback(), &endpoint().0, true).await?;
