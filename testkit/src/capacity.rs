@@ -26,7 +26,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -39,8 +39,17 @@ use tokio::task::JoinHandle;
 /// DynamoDB's per-partition limits.
 pub const WRITE_UNITS_PER_SECOND: f64 = 1000.0;
 pub const READ_UNITS_PER_SECOND: f64 = 3000.0;
-/// Attributes whose before/after values the model reads around each write.
-const WATCHED: &str = "Pk, holder, desired_state, lease_expires_at_ms, lease_owner, lease_counter, worker_state, change_shard";
+/// Attributes whose before/after values the model keeps for each write.
+const WATCHED: [&str; 8] = [
+    "Pk",
+    "holder",
+    "desired_state",
+    "lease_expires_at_ms",
+    "lease_owner",
+    "lease_counter",
+    "worker_state",
+    "change_shard",
+];
 /// The indexes the model knows, with their partition-key attribute.
 const INDEXES: [(&str, &str); 3] = [
     ("by_holder", "holder"),
@@ -81,6 +90,8 @@ struct Usage {
     /// Highest units in any one second, per key: (write, read).
     peaks: HashMap<PartitionKey, (f64, f64)>,
     throttled: HashMap<PartitionKey, u64>,
+    /// Write units charged to each key since the last reset.
+    write_units_by_key: HashMap<PartitionKey, f64>,
     write_units: f64,
     read_units: f64,
     requests: u64,
@@ -112,6 +123,11 @@ struct ModelState {
     /// [`CapacityModel::remember_table_descriptions`] was called (`None`
     /// before: every DescribeTable goes to the server).
     descriptions: Mutex<Option<HashMap<String, Answer>>>,
+    /// The watched attributes of every item of each table named in
+    /// [`CapacityModel::remember_items`], by `Pk` (`None`: no such item).
+    /// An item missing from a remembered table's map is read from the
+    /// server, as every item is for a table not remembered.
+    items: Mutex<HashMap<String, HashMap<String, Option<Value>>>>,
 }
 
 /// The running model; stops when dropped.
@@ -149,6 +165,7 @@ impl CapacityModel {
             usage: Mutex::default(),
             history: Mutex::default(),
             descriptions: Mutex::default(),
+            items: Mutex::default(),
         });
         let app = Router::new().fallback(handle).with_state(state.clone());
         let task = tokio::spawn(async move {
@@ -169,6 +186,53 @@ impl CapacityModel {
     /// the simulation, not on anything DynamoDB does.
     pub fn remember_table_descriptions(&self) {
         lock(&self.state.descriptions).get_or_insert_default();
+    }
+
+    /// Reads every item of `table` once and from now on keeps each item's
+    /// watched attributes itself, so a write costs the server one request
+    /// instead of three (the write and a read on each side of it). Only
+    /// exact while every write to `table` passes through this model: call
+    /// it after loading a table directly and before the fleet starts. An
+    /// item whose write had an unknown outcome (the server's answer lost, an
+    /// error other than a failed condition) is read again at its next write.
+    /// Returns how many items it read.
+    pub async fn remember_items(&self, table: &str) -> std::io::Result<usize> {
+        let mut items = HashMap::new();
+        let mut start: Option<Value> = None;
+        loop {
+            let mut body = json!({
+                "TableName": table,
+                "ProjectionExpression": WATCHED.join(", "),
+                "ConsistentRead": true,
+            });
+            if let Some(key) = start.take() {
+                body["ExclusiveStartKey"] = key;
+            }
+            let (status, _, bytes) = self
+                .state
+                .send("Scan", &body, None)
+                .await
+                .map_err(|s| std::io::Error::other(format!("scan of {table}: {s}")))?;
+            let page: ScanPage = serde_json::from_slice(&bytes).map_err(std::io::Error::other)?;
+            if !status.is_success() {
+                return Err(std::io::Error::other(format!(
+                    "scan of {table}: {status}: {}",
+                    String::from_utf8_lossy(&bytes)
+                )));
+            }
+            for item in page.items {
+                if let Some(pk) = s_attr(Some(&item), "Pk") {
+                    items.insert(pk, Some(item));
+                }
+            }
+            match page.last_evaluated_key {
+                Some(key) => start = Some(key),
+                None => break,
+            }
+        }
+        let read = items.len();
+        lock(&self.state.items).insert(table.to_string(), items);
+        Ok(read)
     }
 
     /// Forgets usage and history (e.g. after loading a table directly).
@@ -218,6 +282,11 @@ impl CapacityModel {
         }
     }
 
+    /// Write units charged to each partition-key value since the last reset.
+    pub fn write_units_by_key(&self) -> HashMap<PartitionKey, f64> {
+        lock(&self.state.usage).write_units_by_key.clone()
+    }
+
     pub fn history(&self) -> Vec<HistoryEntry> {
         lock(&self.state.history).clone()
     }
@@ -254,6 +323,9 @@ impl ModelState {
         let mut usage = lock(&self.usage);
         usage.write_units += write;
         usage.read_units += read;
+        if write > 0.0 {
+            *usage.write_units_by_key.entry(key.clone()).or_default() += write;
+        }
         let w = usage.windows.entry(key.clone()).or_default();
         if w.second != now {
             *w = Window {
@@ -315,7 +387,7 @@ impl ModelState {
             "TableName": table,
             "Key": {"Pk": {"S": pk}},
             "ConsistentRead": true,
-            "ProjectionExpression": WATCHED,
+            "ProjectionExpression": WATCHED.join(", "),
         });
         let (status, _, bytes) = self.send("GetItem", &body, None).await.ok()?;
         if !status.is_success() {
@@ -325,6 +397,24 @@ impl ModelState {
             .ok()?
             .get("Item")
             .cloned()
+    }
+
+    /// The item's watched attributes as this model remembers them: `None`
+    /// when its table is not remembered or the item was forgotten.
+    fn remembered(&self, table: &str, pk: &str) -> Option<Option<Value>> {
+        lock(&self.items).get(table)?.get(pk).cloned()
+    }
+
+    /// What a write left in a remembered table: `Some(after)` when its
+    /// outcome is known, `None` to forget the item until its next write
+    /// reads it.
+    fn note_item(&self, table: &str, pk: &str, after: Option<Option<Value>>) {
+        if let Some(items) = lock(&self.items).get_mut(table) {
+            match after {
+                Some(after) => items.insert(pk.to_string(), after),
+                None => items.remove(pk),
+            };
+        }
     }
 
     fn key_lock(&self, id: String) -> Arc<tokio::sync::Mutex<()>> {
@@ -352,6 +442,43 @@ fn s_attr(item: Option<&Value>, name: &str) -> Option<String> {
 
 fn n_attr(item: Option<&Value>, name: &str) -> Option<u64> {
     item?.get(name)?.get("N")?.as_str()?.parse().ok()
+}
+
+/// `item` with only the watched attributes.
+fn watched_of(item: &serde_json::Map<String, Value>) -> Value {
+    Value::Object(
+        WATCHED
+            .iter()
+            .filter_map(|&name| Some((name.to_string(), item.get(name)?.clone())))
+            .collect(),
+    )
+}
+
+/// The parts of a write's answer the model uses (the rest is skipped
+/// unparsed).
+#[derive(Deserialize)]
+struct WriteAnswer {
+    #[serde(rename = "ConsumedCapacity")]
+    consumed: Option<Value>,
+    #[serde(rename = "Attributes")]
+    attributes: Option<serde_json::Map<String, Value>>,
+}
+
+/// The part of a read's answer the model uses: its items are skipped, not
+/// parsed.
+#[derive(Deserialize)]
+struct ReadAnswer {
+    #[serde(rename = "ConsumedCapacity")]
+    consumed: Option<Value>,
+}
+
+/// One page of the model's own scan.
+#[derive(Deserialize)]
+struct ScanPage {
+    #[serde(rename = "Items", default)]
+    items: Vec<Value>,
+    #[serde(rename = "LastEvaluatedKey")]
+    last_evaluated_key: Option<Value>,
 }
 
 fn units(v: Option<&Value>) -> f64 {
@@ -395,7 +522,7 @@ async fn handle_to_completion(state: Arc<ModelState>, headers: HeaderMap, body: 
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string();
-            write(&state, &headers, &mut request, &table, &pk).await
+            write(&state, &headers, &mut request, &target, &table, &pk).await
         }
         "Query" | "GetItem" | "Scan" | "BatchGetItem" => {
             read(&state, &headers, &mut request, &target, &table).await
@@ -448,12 +575,16 @@ async fn write(
     state: &ModelState,
     headers: &HeaderMap,
     request: &mut Value,
+    target: &str,
     table: &str,
     pk: &str,
 ) -> Forwarded {
     let item_lock = state.key_lock(format!("{table}/{pk}"));
     let _guard = item_lock.lock().await;
-    let before = state.watched(table, pk).await;
+    let before = match state.remembered(table, pk) {
+        Some(before) => before,
+        None => state.watched(table, pk).await,
+    };
     let mut keys = vec![PartitionKey {
         scope: "table".into(),
         value: pk.to_string(),
@@ -470,56 +601,78 @@ async fn write(
         return Err(state.throttle(hot));
     }
     request["ReturnConsumedCapacity"] = json!("INDEXES");
-    let (status, out_headers, bytes) = state
-        .send("", request, Some(headers))
-        .await
-        .map_err(IntoResponse::into_response)?;
-    if status.is_success() {
-        let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        let consumed = answer.get("ConsumedCapacity");
-        let after = state.watched(table, pk).await;
-        state.charge(
-            keys[0].clone(),
-            units(consumed.and_then(|c| c.get("Table"))),
-            0.0,
-        );
-        for (index, attribute) in INDEXES {
-            let total = units(
-                consumed
-                    .and_then(|c| c.get("GlobalSecondaryIndexes"))
-                    .and_then(|g| g.get(index)),
-            );
-            if total == 0.0 {
-                continue;
-            }
-            let old = s_attr(before.as_ref(), attribute);
-            let new = s_attr(after.as_ref(), attribute);
-            let charges: Vec<(String, f64)> = match (old, new) {
-                (Some(o), Some(n)) if o != n => vec![(o, total / 2.0), (n, total / 2.0)],
-                (Some(k), _) | (None, Some(k)) => vec![(k, total)],
-                (None, None) => Vec::new(),
-            };
-            for (value, units) in charges {
-                state.charge(
-                    PartitionKey {
-                        scope: index.into(),
-                        value,
-                    },
-                    units,
-                    0.0,
-                );
-            }
-        }
-        lock(&state.history).push(HistoryEntry {
-            at_ms: state.started.elapsed().as_millis() as u64,
-            pk: pk.to_string(),
-            owner: s_attr(after.as_ref(), "lease_owner"),
-            counter: n_attr(after.as_ref(), "lease_counter"),
-            expires_at_ms: n_attr(after.as_ref(), "lease_expires_at_ms"),
-            worker_state: s_attr(after.as_ref(), "worker_state"),
-            deleted: after.is_none(),
-        });
+    let answer = state.send("", request, Some(headers)).await;
+    let Ok((status, out_headers, bytes)) = answer else {
+        // The write may have landed with its answer lost.
+        state.note_item(table, pk, None);
+        return Err(StatusCode::BAD_GATEWAY.into_response());
+    };
+    if !status.is_success() {
+        let unchanged = String::from_utf8_lossy(&bytes).contains("ConditionalCheckFailed");
+        state.note_item(table, pk, unchanged.then_some(before));
+        return Ok((status, out_headers, bytes));
     }
+    let answer: Option<WriteAnswer> = serde_json::from_slice(&bytes).ok();
+    let (consumed, attributes) = answer.map_or((None, None), |a| (a.consumed, a.attributes));
+    // The after image from the write itself where it tells it: a put's
+    // item, a delete's absence, an update's new image when it asked for
+    // one; read from the server otherwise.
+    let after = match target {
+        "PutItem" => request
+            .get("Item")
+            .and_then(Value::as_object)
+            .map(watched_of),
+        "DeleteItem" => None,
+        _ => match attributes
+            .filter(|_| request.get("ReturnValues").and_then(Value::as_str) == Some("ALL_NEW"))
+        {
+            Some(new) => Some(watched_of(&new)),
+            None => state.watched(table, pk).await,
+        },
+    };
+    state.note_item(table, pk, Some(after.clone()));
+    let consumed = consumed.as_ref();
+    state.charge(
+        keys[0].clone(),
+        units(consumed.and_then(|c| c.get("Table"))),
+        0.0,
+    );
+    for (index, attribute) in INDEXES {
+        let total = units(
+            consumed
+                .and_then(|c| c.get("GlobalSecondaryIndexes"))
+                .and_then(|g| g.get(index)),
+        );
+        if total == 0.0 {
+            continue;
+        }
+        let old = s_attr(before.as_ref(), attribute);
+        let new = s_attr(after.as_ref(), attribute);
+        let charges: Vec<(String, f64)> = match (old, new) {
+            (Some(o), Some(n)) if o != n => vec![(o, total / 2.0), (n, total / 2.0)],
+            (Some(k), _) | (None, Some(k)) => vec![(k, total)],
+            (None, None) => Vec::new(),
+        };
+        for (value, units) in charges {
+            state.charge(
+                PartitionKey {
+                    scope: index.into(),
+                    value,
+                },
+                units,
+                0.0,
+            );
+        }
+    }
+    lock(&state.history).push(HistoryEntry {
+        at_ms: state.started.elapsed().as_millis() as u64,
+        pk: pk.to_string(),
+        owner: s_attr(after.as_ref(), "lease_owner"),
+        counter: n_attr(after.as_ref(), "lease_counter"),
+        expires_at_ms: n_attr(after.as_ref(), "lease_expires_at_ms"),
+        worker_state: s_attr(after.as_ref(), "worker_state"),
+        deleted: after.is_none(),
+    });
     Ok((status, out_headers, bytes))
 }
 
@@ -573,10 +726,12 @@ async fn read(
         .await
         .map_err(IntoResponse::into_response)?;
     if status.is_success() {
-        let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        let consumed: f64 = match answer.get("ConsumedCapacity") {
+        let consumed = serde_json::from_slice::<ReadAnswer>(&bytes)
+            .ok()
+            .and_then(|a| a.consumed);
+        let consumed: f64 = match consumed {
             Some(Value::Array(list)) => list.iter().map(|c| units(Some(c))).sum(),
-            other => units(other),
+            other => units(other.as_ref()),
         };
         let key = key.unwrap_or(PartitionKey {
             scope: "table".into(),
@@ -726,5 +881,166 @@ mod tests {
             0,
             "the first answer, remembered"
         );
+    }
+
+    /// Sends one DynamoDB call to `endpoint`: its status and answer.
+    async fn call(endpoint: &str, target: &str, body: Value) -> (StatusCode, String) {
+        let request = reqwest::Client::new().post(endpoint).body(body.to_string());
+        let answer = own_call(request, target).send().await.expect("answered");
+        (answer.status(), answer.text().await.unwrap_or_default())
+    }
+
+    /// A model in front of a fault proxy in front of a plain model (which
+    /// counts what reaches the server) in front of the server.
+    struct Chain {
+        model: CapacityModel,
+        faults: crate::dynamo_proxy::DynamoFaultProxy,
+        counter: CapacityModel,
+        table: String,
+    }
+
+    impl Chain {
+        async fn start() -> Self {
+            let table = crate::store::fresh_store(None).await.table().to_string();
+            let server = crate::store::endpoint().0;
+            let counter = CapacityModel::start(crate::bed::loopback(), &server, false)
+                .await
+                .unwrap();
+            let faults = crate::dynamo_proxy::DynamoFaultProxy::start(
+                crate::bed::loopback(),
+                &counter.endpoint(),
+            )
+            .await
+            .unwrap();
+            let model = CapacityModel::start(crate::bed::loopback(), &faults.endpoint(), true)
+                .await
+                .unwrap();
+            Self {
+                model,
+                faults,
+                counter,
+                table,
+            }
+        }
+
+        /// One write through the model: its status, and how many requests
+        /// reached the server for it.
+        async fn write(&self, target: &str, mut body: Value) -> (StatusCode, u64) {
+            body["TableName"] = json!(self.table);
+            let before = self.counter.report().requests;
+            let (status, _) = call(&self.model.endpoint(), target, body).await;
+            (status, self.counter.report().requests - before)
+        }
+    }
+
+    /// A write to one stream item; `holder` names the `by_holder` partition
+    /// it moves the item to.
+    fn update(holder: &str, returning: &str, only_if_holder: Option<&str>) -> Value {
+        let mut body = json!({
+            "Key": {"Pk": {"S": "CONN#model/t1"}},
+            "UpdateExpression": "SET #h = :h, lease_owner = :o",
+            "ExpressionAttributeNames": {"#h": "holder"},
+            "ExpressionAttributeValues": {":h": {"S": holder}, ":o": {"S": "w~1"}},
+            "ReturnValues": returning,
+        });
+        if let Some(h) = only_if_holder {
+            body["ConditionExpression"] = json!("#h = :was");
+            body["ExpressionAttributeValues"][":was"] = json!({"S": h});
+        }
+        body
+    }
+
+    fn put(holder: &str) -> Value {
+        json!({"Item": {
+            "Pk": {"S": "CONN#model/t1"},
+            "holder": {"S": holder},
+            "change_shard": {"S": "model#1"},
+            "changed_at_ms": {"N": "1"},
+            "desired_state": {"S": "STARTED"},
+        }})
+    }
+
+    /// The same writes through a model that remembers items and one that
+    /// reads around every write: the same units charged to the same keys
+    /// and the same history, in a third of the requests where the write
+    /// tells its after image. Among them a write whose answer is lost after
+    /// it landed (the remembering model must read the item again, or it
+    /// would charge the next write's `by_holder` units to a partition the
+    /// item has left) and one whose condition failed (nothing changed).
+    #[tokio::test]
+    async fn a_model_that_remembers_items_meters_exactly_as_one_that_reads_them() {
+        let remembering = Chain::start().await;
+        remembering
+            .model
+            .remember_items(&remembering.table)
+            .await
+            .unwrap();
+        let reading = Chain::start().await;
+        let mut sent = [Vec::new(), Vec::new()];
+        for (chain, sent) in [&remembering, &reading].into_iter().zip(&mut sent) {
+            let steps = [
+                ("PutItem", put("UNOWNED#1"), true),
+                (
+                    "UpdateItem",
+                    update("w~1#2", "ALL_NEW", Some("UNOWNED#1")),
+                    true,
+                ),
+                (
+                    "UpdateItem",
+                    update("w~1#9", "ALL_NEW", Some("UNOWNED#1")),
+                    false,
+                ),
+                ("UpdateItem", update("w~1#3", "NONE", None), true),
+                ("UpdateItem", update("w~1#4", "NONE", None), false),
+                ("UpdateItem", update("w~1#5", "ALL_NEW", None), true),
+                (
+                    "DeleteItem",
+                    json!({"Key": {"Pk": {"S": "CONN#model/t1"}}}),
+                    true,
+                ),
+                ("PutItem", put("UNOWNED#2"), true),
+            ];
+            for (i, (target, body, succeeds)) in steps.into_iter().enumerate() {
+                if i == 4 {
+                    chain
+                        .faults
+                        .set(crate::dynamo_proxy::DynamoFault::LoseNextWriteAnswer);
+                }
+                let (status, requests) = chain.write(target, body).await;
+                assert_eq!(status.is_success(), succeeds, "step {i}: {status}");
+                sent.push(requests);
+            }
+        }
+        let charged = remembering.model.write_units_by_key();
+        assert_eq!(charged, reading.model.write_units_by_key());
+        let lost_write_left = PartitionKey {
+            scope: "by_holder".into(),
+            value: "w~1#4".into(),
+        };
+        assert!(
+            charged.contains_key(&lost_write_left),
+            "the write after the lost answer is charged to the partition the item left: {charged:?}"
+        );
+        let entries = |chain: &Chain| -> Vec<String> {
+            chain
+                .model
+                .history()
+                .iter()
+                .map(|h| format!("{} {:?} {}", h.pk, h.owner, h.deleted))
+                .collect()
+        };
+        assert_eq!(entries(&remembering), entries(&reading));
+        assert_eq!(
+            entries(&remembering).len(),
+            6,
+            "every landed write with a known answer"
+        );
+        // Reading: every write is read before, and after unless it told
+        // its after image (a put, a delete, an update returning ALL_NEW).
+        assert_eq!(sent[1], [2, 2, 2, 3, 2, 2, 2, 2]);
+        // Remembering: read only an item it never saw (the first put) or
+        // forgot (after the lost answer), and after an update returning
+        // nothing.
+        assert_eq!(sent[0], [2, 1, 1, 2, 1, 2, 1, 1]);
     }
 }

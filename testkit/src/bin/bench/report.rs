@@ -233,8 +233,8 @@ fn markdown(r: &Value) -> String {
             designs.iter().map(|d| d["design"].as_str().unwrap_or("tether")).collect::<Vec<_>>().join(" | "),
             "---|".repeat(designs.len()),
         ));
-        let secs = |v: &Value| format!("{:.1} s", v.as_f64().unwrap_or(0.0));
-        let rows: [Row; 12] = [
+        let secs = |v: &Value| v.as_f64().map_or("–".into(), |s| format!("{s:.1} s"));
+        let rows: [Row; 13] = [
             (
                 "streams loaded into the table before the fleet starts, in",
                 &|d| secs(&d["loaded_in_s"]),
@@ -274,6 +274,10 @@ fn markdown(r: &Value) -> String {
             ("crash of 10% of the workers: streams", &|d| {
                 d["crashed_streams"].to_string()
             }),
+            (
+                "the crashed workers declared dead after (the lease's part)",
+                &|d| secs(&d["failover_declared_dead_s"]),
+            ),
             ("all owned again after", &|d| {
                 secs(&d["failover_all_owned_again_s"])
             }),

@@ -21,12 +21,13 @@
 
 use crate::Ctx;
 use serde_json::{Value, json};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tether::lease::{LeaseStore, StoreConfig};
 use tether::metrics::StoreMetrics;
 use tether_testkit::bed::{BedOptions, loopback};
-use tether_testkit::capacity::{CapacityModel, double_owners};
+use tether_testkit::capacity::{CapacityModel, HistoryEntry, double_owners};
 use tether_testkit::fixtures::log_spec;
 use tether_testkit::sim::{self, SimWorker};
 use tether_testkit::store::endpoint;
@@ -94,6 +95,11 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     println!("scale: {n} streams loaded in {loaded_in:.0}s");
     let model = CapacityModel::start(loopback(), &endpoint().0, true).await?;
     model.remember_table_descriptions();
+    // Every write from here passes through the model, so it keeps the items'
+    // attributes it meters by itself rather than reading them around each
+    // write (the simulated store's time is the simulation's, not DynamoDB's).
+    let remembered = model.remember_items(&table).await?;
+    println!("scale: the capacity model read {remembered} items");
     let t0 = Instant::now();
     let mut workers = Vec::new();
     for i in 0..p.scale_workers {
@@ -183,6 +189,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     let killed: usize = 2.min(workers.len() - 1);
     let lost = held(&workers[..killed]);
     let (won_before, lost_before) = races(&workers[killed..]);
+    let killed_at_ms = model.now_ms();
     let t1 = Instant::now();
     for w in workers.drain(..killed) {
         w.task.abort();
@@ -193,6 +200,9 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     let (failover_won, failover_lost) = (won_after - won_before, lost_after - lost_before);
     let during_failover = model.report();
     let history = model.history();
+    let declared_dead_s = declared_dead_after(&history, killed, killed_at_ms);
+    let taken_by_second = taken_over_by_second(&history, killed, killed_at_ms);
+    println!("scale: streams taken over by each second after the crash: {taken_by_second:?}");
     let doubles = double_owners(&history);
     if !doubles.is_empty() {
         // Keep the evidence: every write to the streams and workers involved.
@@ -209,7 +219,8 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         println!("scale: double owners! evidence in {}", path.display());
     }
     println!(
-        "scale: crash of {killed} workers ({lost} streams): all owned again after {failover:.1}s (acquires won {failover_won}, lost to another worker {failover_lost}); hottest key {:?} at {:.0} WCU/s, {} throttled; double owners {}",
+        "scale: crash of {killed} workers ({lost} streams): declared dead after {}, all owned again after {failover:.1}s (acquires won {failover_won}, lost to another worker {failover_lost}); hottest key {:?} at {:.0} WCU/s, {} throttled; double owners {}",
+        declared_dead_s.map_or("never".to_string(), |s| format!("{s:.1}s")),
         during_failover.hottest_write_key,
         during_failover.hottest_write_units_per_s,
         during_failover.throttled_requests,
@@ -237,13 +248,66 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         "steady_self_fences": fences_after - fences_before,
         "crashed_workers": killed,
         "crashed_streams": lost,
+        "failover_declared_dead_s": declared_dead_s,
         "failover_all_owned_again_s": failover,
+        "failover_taken_over_by_second": taken_by_second,
         "failover_acquires_won": failover_won,
         "failover_acquires_lost_races": failover_lost,
         "failover": during_failover,
         "double_owners": doubles.len(),
         "double_owner_examples": doubles.into_iter().take(5).collect::<Vec<_>>(),
     }))
+}
+
+/// Seconds from the crash (`killed_at_ms` on the model's clock) until the
+/// last of the first `killed` workers (`sim-00`, `sim-01`, ...) was declared
+/// dead in the store: the part of a failover the lease sets, before any of
+/// its streams can be taken over. `None` if one never was.
+fn declared_dead_after(history: &[HistoryEntry], killed: usize, killed_at_ms: u64) -> Option<f64> {
+    (0..killed)
+        .map(|i| {
+            let prefix = format!("WORKER#sim-{i:02}~");
+            history
+                .iter()
+                .find(|h| {
+                    h.at_ms >= killed_at_ms
+                        && h.pk.starts_with(&prefix)
+                        && h.worker_state.as_deref() == Some("DEAD")
+                })
+                .map(|h| (h.at_ms - killed_at_ms) as f64 / 1000.0)
+        })
+        .try_fold(0.0, |latest: f64, at| Some(latest.max(at?)))
+}
+
+/// How many of the crashed workers' streams survivors had taken by the end
+/// of each second after the crash, from the store's history: the failover's
+/// pace once the crashed workers were declared dead.
+fn taken_over_by_second(history: &[HistoryEntry], killed: usize, killed_at_ms: u64) -> Vec<usize> {
+    let crashed: Vec<String> = (0..killed).map(|i| format!("sim-{i:02}~")).collect();
+    let mut first_taken: HashMap<&str, u64> = HashMap::new();
+    let mut held_by_crashed: HashSet<&str> = HashSet::new();
+    for h in history.iter().filter(|h| h.pk.starts_with("CONN#")) {
+        let owner = h.owner.as_deref().unwrap_or("");
+        let owned = h.expires_at_ms == Some(tether::lease::OWNED_EXPIRY_MS);
+        if h.at_ms < killed_at_ms {
+            if owned && crashed.iter().any(|c| owner.starts_with(c.as_str())) {
+                held_by_crashed.insert(&h.pk);
+            } else {
+                held_by_crashed.remove(h.pk.as_str());
+            }
+        } else if owned && held_by_crashed.contains(h.pk.as_str()) {
+            first_taken.entry(&h.pk).or_insert(h.at_ms - killed_at_ms);
+        }
+    }
+    let last = first_taken.values().max().map_or(0, |ms| ms / 1000 + 1);
+    (1..=last)
+        .map(|second| {
+            first_taken
+                .values()
+                .filter(|&&ms| ms < second * 1000)
+                .count()
+        })
+        .collect()
 }
 
 /// tether 0.1 through the same meter, its heartbeat 5× faster than its
