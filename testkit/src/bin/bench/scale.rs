@@ -113,7 +113,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         settings.read_orphans_whole = whole;
         workers.push(SimWorker::start(settings, store)?);
     }
-    all_held(&workers, n, "acquired").await?;
+    all_held(&workers, n, "acquired", |_| {}).await?;
     let acquire_all = t0.elapsed().as_secs_f64();
     let (races_won, races_lost) = races(&workers);
     println!("scale: acquires won {races_won}, lost to another worker {races_lost}");
@@ -194,7 +194,18 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     for w in workers.drain(..killed) {
         w.task.abort();
     }
-    all_held(&workers, n, "owned again").await?;
+    // Acquires won and lost in each second of the failover.
+    let mut races_by_second = Vec::new();
+    let mut last = (won_before, lost_before);
+    all_held(&workers, n, "owned again", |workers| {
+        let now = races(workers);
+        races_by_second.push((now.0 - last.0, now.1 - last.1));
+        last = now;
+    })
+    .await?;
+    println!(
+        "scale: acquires won / lost to another worker in each second of the failover: {races_by_second:?}"
+    );
     let failover = t1.elapsed().as_secs_f64();
     let (won_after, lost_after) = races(&workers);
     let (failover_won, failover_lost) = (won_after - won_before, lost_after - lost_before);
@@ -251,6 +262,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         "failover_declared_dead_s": declared_dead_s,
         "failover_all_owned_again_s": failover,
         "failover_taken_over_by_second": taken_by_second,
+        "failover_races_by_second": races_by_second,
         "failover_acquires_won": failover_won,
         "failover_acquires_lost_races": failover_lost,
         "failover": during_failover,
@@ -399,13 +411,24 @@ async fn legacy_ramp(ctx: &Ctx) -> anyhow::Result<Value> {
     Ok(json!({"heartbeat_compression": compression, "steps": rows}))
 }
 
-/// Waits until the simulated workers hold all `n` streams; fails if a worker
-/// stopped or half an hour passed.
-async fn all_held(workers: &[SimWorker], n: usize, what: &str) -> anyhow::Result<()> {
+/// Waits until the simulated workers hold all `n` streams, calling
+/// `every_second` with them each second meanwhile; fails if a worker stopped
+/// or half an hour passed.
+async fn all_held(
+    workers: &[SimWorker],
+    n: usize,
+    what: &str,
+    mut every_second: impl FnMut(&[SimWorker]),
+) -> anyhow::Result<()> {
     const LIMIT: Duration = Duration::from_secs(1800);
     let started = Instant::now();
     let mut reported = Instant::now();
+    let mut next_second = started + Duration::from_secs(1);
     while held(workers) < n as i64 {
+        if Instant::now() >= next_second {
+            next_second += Duration::from_secs(1);
+            every_second(workers);
+        }
         if reported.elapsed() >= Duration::from_secs(15) {
             reported = Instant::now();
             println!(
