@@ -18,7 +18,6 @@
 //! much, no more. Every acquire is still one conditional write; this only
 //! chooses who tries first.
 
-use super::pass::Candidate;
 use crate::lease::{Incarnation, StreamKey};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -54,6 +53,14 @@ fn weight(key: &str, taker: &str) -> u64 {
     hash ^ (hash >> 33)
 }
 
+/// What [`Heirs`] needs to know of a candidate.
+pub(super) trait Inheritance {
+    /// The index partition it was read from.
+    fn partition(&self) -> &str;
+    /// Its stream, when it is a dead worker's whose heir is another worker.
+    fn heir_elsewhere(&self) -> Option<&StreamKey>;
+}
+
 /// When this worker first saw each dead worker's stream it is not heir to.
 #[derive(Default)]
 pub(super) struct Heirs {
@@ -62,12 +69,12 @@ pub(super) struct Heirs {
 
 impl Heirs {
     /// Drops from `candidates` the streams another worker is heir to
-    /// (`Candidate::heir_elsewhere`) in the partitions whose readers would
+    /// ([`Inheritance::heir_elsewhere`]) in the partitions whose readers would
     /// try the same candidates (`tail(partition, candidates from it)`),
     /// until it has seen them waiting `defer`. Returns how many it dropped.
-    pub(super) fn defer_to_heirs(
+    pub(super) fn defer_to_heirs<C: Inheritance>(
         &mut self,
-        candidates: &mut Vec<Candidate>,
+        candidates: &mut Vec<C>,
         tail: impl Fn(&str, usize) -> bool,
         defer: Duration,
         now: Instant,
@@ -77,7 +84,7 @@ impl Heirs {
             .retain(|_, seen| now.duration_since(*seen) < forget);
         let mut per_partition: HashMap<&str, usize> = HashMap::new();
         for c in candidates.iter() {
-            *per_partition.entry(c.source.as_str()).or_default() += 1;
+            *per_partition.entry(c.partition()).or_default() += 1;
         }
         let tails: HashSet<String> = per_partition
             .into_iter()
@@ -86,11 +93,11 @@ impl Heirs {
             .collect();
         let before = candidates.len();
         candidates.retain(|c| {
-            if !c.heir_elsewhere {
+            let Some(key) = c.heir_elsewhere() else {
                 return true;
-            }
-            let seen = *self.first_seen.entry(c.record.key.clone()).or_insert(now);
-            !tails.contains(&c.source) || now.duration_since(seen) >= defer
+            };
+            let seen = *self.first_seen.entry(key.clone()).or_insert(now);
+            !tails.contains(c.partition()) || now.duration_since(seen) >= defer
         });
         before - candidates.len()
     }
@@ -99,28 +106,34 @@ impl Heirs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::{AcquireFrom, StreamRecord};
-    use crate::worker::acquirer::fair_share::Orphan;
+
+    /// A candidate as `Heirs` sees it.
+    struct Seen {
+        key: StreamKey,
+        partition: String,
+        heir_elsewhere: bool,
+    }
+
+    impl Inheritance for Seen {
+        fn partition(&self) -> &str {
+            &self.partition
+        }
+        fn heir_elsewhere(&self) -> Option<&StreamKey> {
+            self.heir_elsewhere.then_some(&self.key)
+        }
+    }
 
     /// A dead worker's stream `name` read from `partition`.
-    fn candidate(name: &str, partition: &str, heir_elsewhere: bool) -> Candidate {
-        Candidate {
-            record: StreamRecord::for_test(StreamKey::new("ns", name)),
-            from: AcquireFrom::Dead {
-                owner: Incarnation::new("dead"),
-                checkpoint: None,
-            },
-            orphan: Orphan::Crashed,
-            source: partition.to_string(),
+    fn candidate(name: &str, partition: &str, heir_elsewhere: bool) -> Seen {
+        Seen {
+            key: StreamKey::new("ns", name),
+            partition: partition.to_string(),
             heir_elsewhere,
         }
     }
 
-    fn names(candidates: &[Candidate]) -> Vec<String> {
-        candidates
-            .iter()
-            .map(|c| c.record.key.to_string())
-            .collect()
+    fn names(candidates: &[Seen]) -> Vec<String> {
+        candidates.iter().map(|c| c.key.to_string()).collect()
     }
 
     /// In a partition with fewer candidates than this worker may take, it

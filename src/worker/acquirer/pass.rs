@@ -76,6 +76,16 @@ pub(super) struct Candidate {
     pub(super) heir_elsewhere: bool,
 }
 
+impl super::heirs::Inheritance for Candidate {
+    fn partition(&self) -> &str {
+        &self.source
+    }
+
+    fn heir_elsewhere(&self) -> Option<&StreamKey> {
+        self.heir_elsewhere.then_some(&self.record.key)
+    }
+}
+
 pub(crate) struct Acquirer {
     pub(super) ctx: Arc<Shared>,
     pub(super) me: Incarnation,
