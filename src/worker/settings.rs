@@ -87,8 +87,7 @@ pub struct WorkerSettings {
     /// Which Kinesis data streams each namespace may write to.
     pub kinesis_streams: crate::egress::KinesisStreams,
     /// Read orphan partitions whole every pass, as 0.4 did, instead of a
-    /// bounded read in turns, and try a dead worker's last streams without
-    /// waiting for their heirs: only so the scale benchmark can run the earlier design
+    /// bounded read: only so the scale benchmark can run the earlier design
     /// beside this one in the same run. Never set by the command line.
     pub read_orphans_whole: bool,
     /// Where peers poke this worker (`worker::pokes`); `None`: not pokable,

@@ -194,7 +194,9 @@ impl CapacityModel {
     /// exact while every write to `table` passes through this model: call
     /// it after loading a table directly and before the fleet starts. An
     /// item whose write had an unknown outcome (the server's answer lost, an
-    /// error other than a failed condition) is read again at its next write.
+    /// error other than a failed condition) or whose image a failed read
+    /// left unknown is read again at its next write; a write the model does
+    /// not meter (a batch, a transaction, PartiQL) ends all remembering.
     /// Returns how many items it read.
     pub async fn remember_items(&self, table: &str) -> std::io::Result<usize> {
         let mut items = HashMap::new();
@@ -213,13 +215,13 @@ impl CapacityModel {
                 .send("Scan", &body, None)
                 .await
                 .map_err(|s| std::io::Error::other(format!("scan of {table}: {s}")))?;
-            let page: ScanPage = serde_json::from_slice(&bytes).map_err(std::io::Error::other)?;
             if !status.is_success() {
                 return Err(std::io::Error::other(format!(
                     "scan of {table}: {status}: {}",
                     String::from_utf8_lossy(&bytes)
                 )));
             }
+            let page: ScanPage = serde_json::from_slice(&bytes).map_err(std::io::Error::other)?;
             for item in page.items {
                 if let Some(pk) = s_attr(Some(&item), "Pk") {
                     items.insert(pk, Some(item));
@@ -381,22 +383,21 @@ impl ModelState {
         Ok((status, out, bytes))
     }
 
-    /// The watched attributes of an item (strongly consistent).
-    async fn watched(&self, table: &str, pk: &str) -> Option<Value> {
+    /// The watched attributes of an item (strongly consistent): `Ok(None)`
+    /// when there is no such item, `Err` when the read failed.
+    async fn watched(&self, table: &str, pk: &str) -> Result<Option<Value>, ()> {
         let body = json!({
             "TableName": table,
             "Key": {"Pk": {"S": pk}},
             "ConsistentRead": true,
             "ProjectionExpression": WATCHED.join(", "),
         });
-        let (status, _, bytes) = self.send("GetItem", &body, None).await.ok()?;
+        let (status, _, bytes) = self.send("GetItem", &body, None).await.map_err(drop)?;
         if !status.is_success() {
-            return None;
+            return Err(());
         }
-        serde_json::from_slice::<Value>(&bytes)
-            .ok()?
-            .get("Item")
-            .cloned()
+        let answer = serde_json::from_slice::<Value>(&bytes).map_err(drop)?;
+        Ok(answer.get("Item").cloned())
     }
 
     /// The item's watched attributes as this model remembers them: `None`
@@ -524,6 +525,21 @@ async fn handle_to_completion(state: Arc<ModelState>, headers: HeaderMap, body: 
                 .to_string();
             write(&state, &headers, &mut request, &target, &table, &pk).await
         }
+        // Writes the model does not meter change items it may remember:
+        // it stops remembering (exact, if slower).
+        "BatchWriteItem"
+        | "TransactWriteItems"
+        | "ExecuteStatement"
+        | "BatchExecuteStatement"
+        | "ExecuteTransaction"
+        | "DeleteTable"
+        | "CreateTable" => {
+            lock(&state.items).clear();
+            state
+                .send(&target, &request, Some(&headers))
+                .await
+                .map_err(IntoResponse::into_response)
+        }
         "Query" | "GetItem" | "Scan" | "BatchGetItem" => {
             read(&state, &headers, &mut request, &target, &table).await
         }
@@ -581,10 +597,13 @@ async fn write(
 ) -> Forwarded {
     let item_lock = state.key_lock(format!("{table}/{pk}"));
     let _guard = item_lock.lock().await;
+    // `Err`: the read failed, so nothing about the item is known.
     let before = match state.remembered(table, pk) {
-        Some(before) => before,
+        Some(before) => Ok(before),
         None => state.watched(table, pk).await,
     };
+    let known_before = before.is_ok();
+    let before = before.unwrap_or_default();
     let mut keys = vec![PartitionKey {
         scope: "table".into(),
         value: pk.to_string(),
@@ -609,7 +628,7 @@ async fn write(
     };
     if !status.is_success() {
         let unchanged = String::from_utf8_lossy(&bytes).contains("ConditionalCheckFailed");
-        state.note_item(table, pk, unchanged.then_some(before));
+        state.note_item(table, pk, (unchanged && known_before).then_some(before));
         return Ok((status, out_headers, bytes));
     }
     let answer: Option<WriteAnswer> = serde_json::from_slice(&bytes).ok();
@@ -618,19 +637,21 @@ async fn write(
     // item, a delete's absence, an update's new image when it asked for
     // one; read from the server otherwise.
     let after = match target {
-        "PutItem" => request
+        "PutItem" => Ok(request
             .get("Item")
             .and_then(Value::as_object)
-            .map(watched_of),
-        "DeleteItem" => None,
+            .map(watched_of)),
+        "DeleteItem" => Ok(None),
         _ => match attributes
             .filter(|_| request.get("ReturnValues").and_then(Value::as_str) == Some("ALL_NEW"))
         {
-            Some(new) => Some(watched_of(&new)),
+            Some(new) => Ok(Some(watched_of(&new))),
             None => state.watched(table, pk).await,
         },
     };
-    state.note_item(table, pk, Some(after.clone()));
+    // An after image not read (`Err`) is forgotten: the next write reads it.
+    state.note_item(table, pk, after.clone().ok());
+    let after = after.unwrap_or_default();
     let consumed = consumed.as_ref();
     state.charge(
         keys[0].clone(),

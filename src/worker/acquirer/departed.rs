@@ -49,12 +49,6 @@ impl Acquirer {
     ) -> Result<(), StoreError> {
         let now = Instant::now();
         let live = super::pass::live_incarnations(workers);
-        // The workers taking streams, among whom each stream has its heir.
-        let takers: Vec<Incarnation> = workers
-            .iter()
-            .filter(|w| w.state == WorkerState::Live && !w.draining)
-            .map(|w| w.incarnation.clone())
-            .collect();
         for w in workers
             .iter()
             .filter(|w| w.state != WorkerState::Live && w.incarnation != self.me)
@@ -75,7 +69,7 @@ impl Acquirer {
             if !self.ended.get(&inc).is_some_and(|e| e.due(mine, now)) {
                 continue;
             }
-            let found_any = self.ended_streams(&inc, &takers, candidates).await?;
+            let found_any = self.ended_streams(&inc, candidates).await?;
             if let Some(e) = self.ended.get_mut(&inc) {
                 e.last_scan = Some(now);
                 if !found_any {
@@ -101,7 +95,6 @@ impl Acquirer {
     async fn ended_streams(
         &mut self,
         dead: &Incarnation,
-        takers: &[Incarnation],
         candidates: &mut Vec<Candidate>,
     ) -> Result<bool, StoreError> {
         let per_pass = self.shards_per_pass();
@@ -156,7 +149,6 @@ impl Acquirer {
                 started.records.push(r);
             }
         }
-        let first_new = candidates.len();
         self.take_found(started, candidates, |r| {
             let checkpoint = checkpoints
                 .get(&r.key)
@@ -167,9 +159,6 @@ impl Acquirer {
                 checkpoint,
             })
         });
-        for c in &mut candidates[first_new..] {
-            c.heir_elsewhere = super::heirs::heir(&c.record.key, takers) != Some(&self.me);
-        }
         Ok(true)
     }
 }

@@ -4,8 +4,7 @@
 //! reading peers and the fleet view (`peers`), declaring the overdue dead on
 //! this worker's monotonic clock (`overdue`, with when a watched peer is next
 //! read in `renewal_forecast`), what departed incarnations left
-//! (`departed`, with who tries a dead worker's last streams first in
-//! `heirs`), the pace of acquires (`pacing`), which orphan partitions a
+//! (`departed`), the pace of acquires (`pacing`), which orphan partitions a
 //! pass reads (`rotation`) and how much of each (`sampling`), and when a pass may skip
 //! the fleet's reads (`quiet`, with what it remembers in `quiet_state`).
 
@@ -13,7 +12,6 @@ mod audit;
 mod audit_schedule;
 mod departed;
 mod fair_share;
-mod heirs;
 mod overdue;
 mod pacing;
 mod pass;

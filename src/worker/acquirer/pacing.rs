@@ -18,14 +18,6 @@ pub(super) struct Pacing {
 }
 
 impl Pacing {
-    /// Acquires this worker may start from `partition` now (a full
-    /// bucket's worth for a partition it has not taken from).
-    pub(super) fn available(&self, partition: &str, rate: f64) -> f64 {
-        self.buckets.get(partition).map_or(rate, |(tokens, at)| {
-            (tokens + at.elapsed().as_secs_f64() * rate).min(rate)
-        })
-    }
-
     pub(super) fn take(&mut self, partition: &str, rate: f64) -> bool {
         let now = Instant::now();
         let (tokens, at) = self

@@ -72,18 +72,6 @@ pub(super) struct Candidate {
     pub(super) orphan: Orphan,
     /// The index partition it is taken from (for pacing).
     pub(super) source: String,
-    /// A dead worker's stream whose heir is another worker (`heirs`).
-    pub(super) heir_elsewhere: bool,
-}
-
-impl super::heirs::Inheritance for Candidate {
-    fn partition(&self) -> &str {
-        &self.source
-    }
-
-    fn heir_elsewhere(&self) -> Option<&StreamKey> {
-        self.heir_elsewhere.then_some(&self.record.key)
-    }
 }
 
 pub(crate) struct Acquirer {
@@ -140,8 +128,6 @@ pub(crate) struct Acquirer {
     pub(super) deferred_handoff: Option<(Instant, Vec<HeldStream>)>,
     /// Where bounded reads of orphan partitions start.
     pub(super) spread: super::sampling::Spread,
-    /// Dead workers' streams seen waiting for their heir.
-    pub(super) heirs: super::heirs::Heirs,
     /// The fleet's recent peak total, which handoffs are computed from.
     pub(super) peak_total: super::peak_total::PeakTotal,
     /// Streams taken that their releaser may still publish.
@@ -189,7 +175,6 @@ impl Acquirer {
             quiet: super::quiet_state::QuietState::default(),
             deferred_handoff: None,
             spread: super::sampling::Spread::default(),
-            heirs: super::heirs::Heirs::default(),
             peak_total: super::peak_total::PeakTotal::default(),
             taken: super::peak_total::TakenFromPeers::default(),
         }
@@ -407,7 +392,6 @@ impl Acquirer {
                     from,
                     orphan,
                     source,
-                    heir_elsewhere: false,
                 });
             }
         }
@@ -473,22 +457,6 @@ impl Acquirer {
             }),
         };
         let rate = super::pacing::PARTITION_WRITE_BUDGET / self.view.live() as f64;
-        // A dead worker's last streams in a partition (no more than the
-        // workers reading it in a pass may take): their heirs first. (Not
-        // with 0.4's whole reads, which the benchmarks compare with.)
-        let heirs_first = !self.ctx.settings.read_orphans_whole;
-        let interval = self.ctx.settings.reconcile_interval;
-        let per_pass = self.shards_per_pass();
-        let readers = (self.view.live() * per_pass).div_ceil(HOLDER_SHARDS as usize);
-        let pacing = &self.pacing;
-        self.heirs.defer_to_heirs(
-            &mut candidates,
-            |partition, count| {
-                heirs_first && count as f64 <= readers as f64 * pacing.available(partition, rate)
-            },
-            interval * (super::rotation::Rotation::cycle(per_pass) + 1),
-            Instant::now(),
-        );
         let mut chosen = Vec::new();
         for c in candidates {
             if chosen.len() >= capacity {
