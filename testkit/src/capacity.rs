@@ -50,6 +50,16 @@ const WATCHED: [&str; 8] = [
     "worker_state",
     "change_shard",
 ];
+/// Operations that write but that the model passes on unmetered.
+const UNMETERED_WRITES: [&str; 7] = [
+    "BatchWriteItem",
+    "TransactWriteItems",
+    "ExecuteStatement",
+    "BatchExecuteStatement",
+    "ExecuteTransaction",
+    "DeleteTable",
+    "CreateTable",
+];
 /// The indexes the model knows, with their partition-key attribute.
 const INDEXES: [(&str, &str); 3] = [
     ("by_holder", "holder"),
@@ -525,31 +535,23 @@ async fn handle_to_completion(state: Arc<ModelState>, headers: HeaderMap, body: 
                 .to_string();
             write(&state, &headers, &mut request, &target, &table, &pk).await
         }
-        // Writes the model does not meter change items it may remember:
-        // it stops remembering (exact, if slower).
-        "BatchWriteItem"
-        | "TransactWriteItems"
-        | "ExecuteStatement"
-        | "BatchExecuteStatement"
-        | "ExecuteTransaction"
-        | "DeleteTable"
-        | "CreateTable" => {
-            lock(&state.items).clear();
-            state
-                .send(&target, &request, Some(&headers))
-                .await
-                .map_err(IntoResponse::into_response)
-        }
         "Query" | "GetItem" | "Scan" | "BatchGetItem" => {
             read(&state, &headers, &mut request, &target, &table).await
         }
         "DescribeTable" if lock(&state.descriptions).is_some() => {
             describe_remembered(&state, &headers, &request, &table).await
         }
-        _ => state
-            .send(&target, &request, Some(&headers))
-            .await
-            .map_err(IntoResponse::into_response),
+        _ => {
+            // A write the model does not meter may change items it
+            // remembers: it stops remembering (exact, if slower).
+            if UNMETERED_WRITES.contains(&target.as_str()) {
+                lock(&state.items).clear();
+            }
+            state
+                .send(&target, &request, Some(&headers))
+                .await
+                .map_err(IntoResponse::into_response)
+        }
     };
     match response {
         Ok((status, headers, bytes)) => (status, headers, bytes).into_response(),
@@ -620,11 +622,13 @@ async fn write(
         return Err(state.throttle(hot));
     }
     request["ReturnConsumedCapacity"] = json!("INDEXES");
-    let answer = state.send("", request, Some(headers)).await;
-    let Ok((status, out_headers, bytes)) = answer else {
-        // The write may have landed with its answer lost.
-        state.note_item(table, pk, None);
-        return Err(StatusCode::BAD_GATEWAY.into_response());
+    let (status, out_headers, bytes) = match state.send("", request, Some(headers)).await {
+        Ok(answer) => answer,
+        Err(code) => {
+            // The write may have landed with its answer lost.
+            state.note_item(table, pk, None);
+            return Err(code.into_response());
+        }
     };
     if !status.is_success() {
         let unchanged = String::from_utf8_lossy(&bytes).contains("ConditionalCheckFailed");

@@ -24,7 +24,9 @@ use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
-use tether::lease::{LeaseStore, StoreConfig};
+use tether::lease::{
+    LeaseStore, OWNED_EXPIRY_MS, STREAM_PK_PREFIX, StoreConfig, WORKER_PK_PREFIX, worker_id_of,
+};
 use tether::metrics::StoreMetrics;
 use tether_testkit::bed::{BedOptions, loopback};
 use tether_testkit::capacity::{CapacityModel, HistoryEntry, double_owners};
@@ -64,6 +66,11 @@ fn races(workers: &[SimWorker]) -> (u64, u64) {
             .sum()
     };
     (count("acquired"), count("taken"))
+}
+
+/// The worker id of the `i`th simulated worker (the first ones crash).
+fn sim_worker_id(i: usize) -> String {
+    format!("sim-{i:02}")
 }
 
 fn held(workers: &[SimWorker]) -> i64 {
@@ -108,8 +115,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
             Arc::new(StoreMetrics::new()),
         )
         .await?;
-        let mut settings =
-            sim::settings(&format!("sim-{i:02}"), p.lease, p.heartbeat, p.reconcile, n);
+        let mut settings = sim::settings(&sim_worker_id(i), p.lease, p.heartbeat, p.reconcile, n);
         settings.read_orphans_whole = whole;
         workers.push(SimWorker::start(settings, store)?);
     }
@@ -211,8 +217,9 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     let (failover_won, failover_lost) = (won_after - won_before, lost_after - lost_before);
     let during_failover = model.report();
     let history = model.history();
-    let declared_dead_s = declared_dead_after(&history, killed, killed_at_ms);
-    let taken_by_second = taken_over_by_second(&history, killed, killed_at_ms);
+    let crashed: Vec<String> = (0..killed).map(sim_worker_id).collect();
+    let declared_dead_s = declared_dead_after(&history, &crashed, killed_at_ms);
+    let taken_by_second = taken_over_by_second(&history, &crashed, killed_at_ms);
     println!("scale: streams taken over by each second after the crash: {taken_by_second:?}");
     let doubles = double_owners(&history);
     if !doubles.is_empty() {
@@ -272,19 +279,25 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
 }
 
 /// Seconds from the crash (`killed_at_ms` on the model's clock) until the
-/// last of the first `killed` workers (`sim-00`, `sim-01`, ...) was declared
-/// dead in the store: the part of a failover the lease sets, before any of
-/// its streams can be taken over. `None` if one never was.
-fn declared_dead_after(history: &[HistoryEntry], killed: usize, killed_at_ms: u64) -> Option<f64> {
-    (0..killed)
-        .map(|i| {
-            let prefix = format!("WORKER#sim-{i:02}~");
+/// last of the `crashed` workers (by worker id) was declared dead in the
+/// store: the part of a failover the lease sets, before any of its streams
+/// can be taken over. `None` if one never was.
+fn declared_dead_after(
+    history: &[HistoryEntry],
+    crashed: &[String],
+    killed_at_ms: u64,
+) -> Option<f64> {
+    crashed
+        .iter()
+        .map(|id| {
             history
                 .iter()
                 .find(|h| {
                     h.at_ms >= killed_at_ms
-                        && h.pk.starts_with(&prefix)
                         && h.worker_state.as_deref() == Some("DEAD")
+                        && h.pk
+                            .strip_prefix(WORKER_PK_PREFIX)
+                            .is_some_and(|inc| worker_id_of(inc) == id)
                 })
                 .map(|h| (h.at_ms - killed_at_ms) as f64 / 1000.0)
         })
@@ -294,15 +307,21 @@ fn declared_dead_after(history: &[HistoryEntry], killed: usize, killed_at_ms: u6
 /// How many of the crashed workers' streams survivors had taken by the end
 /// of each second after the crash, from the store's history: the failover's
 /// pace once the crashed workers were declared dead.
-fn taken_over_by_second(history: &[HistoryEntry], killed: usize, killed_at_ms: u64) -> Vec<usize> {
-    let crashed: Vec<String> = (0..killed).map(|i| format!("sim-{i:02}~")).collect();
+fn taken_over_by_second(
+    history: &[HistoryEntry],
+    crashed: &[String],
+    killed_at_ms: u64,
+) -> Vec<usize> {
     let mut first_taken: HashMap<&str, u64> = HashMap::new();
     let mut held_by_crashed: HashSet<&str> = HashSet::new();
-    for h in history.iter().filter(|h| h.pk.starts_with("CONN#")) {
+    for h in history
+        .iter()
+        .filter(|h| h.pk.starts_with(STREAM_PK_PREFIX))
+    {
         let owner = h.owner.as_deref().unwrap_or("");
-        let owned = h.expires_at_ms == Some(tether::lease::OWNED_EXPIRY_MS);
+        let owned = h.expires_at_ms == Some(OWNED_EXPIRY_MS);
         if h.at_ms < killed_at_ms {
-            if owned && crashed.iter().any(|c| owner.starts_with(c.as_str())) {
+            if owned && crashed.iter().any(|id| worker_id_of(owner) == id) {
                 held_by_crashed.insert(&h.pk);
             } else {
                 held_by_crashed.remove(h.pk.as_str());
