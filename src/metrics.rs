@@ -129,6 +129,9 @@ pub struct WorkerMetrics {
     pub self_fences: Counter,
     pub failover_seconds: Histogram,
     pub handoff_seconds: Histogram,
+    /// Acquisition passes by kind (`quiet`, `full`, `failed`): a full pass
+    /// that takes long under load delays every orphan it would have found.
+    pub acquisition_pass_seconds: Family<Labels1, Histogram, fn() -> Histogram>,
     pub reconnects: Counter,
     pub session_errors: Family<Labels1, Counter>,
     pub messages_received: Counter,
@@ -162,6 +165,7 @@ impl Default for WorkerMetrics {
             self_fences: Counter::default(),
             failover_seconds: failover_buckets(),
             handoff_seconds: failover_buckets(),
+            acquisition_pass_seconds: Family::new_with_constructor(request_buckets),
             reconnects: Counter::default(),
             session_errors: Family::default(),
             messages_received: Counter::default(),
@@ -231,6 +235,11 @@ impl WorkerMetrics {
             "tether_handoff_seconds",
             "Time from a graceful release to this worker acquiring the stream",
             self.handoff_seconds.clone(),
+        );
+        r.register(
+            "tether_acquisition_pass_duration_seconds",
+            "Acquisition passes by kind: quiet (the change counter and watched peers), full (the fleet, orphans, acquires), failed",
+            self.acquisition_pass_seconds.clone(),
         );
         r.register(
             "tether_session_reconnects",

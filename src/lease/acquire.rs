@@ -1,14 +1,16 @@
 //! Acquiring a stream: one conditional write, a compare-and-swap on the fencing
 //! token from the state the acquirer observed.
 //!
-//! A lost condition is read back (strongly consistent): the item showing this
+//! A lost condition comes back with the item as the condition saw it
+//! (`ReturnValuesOnConditionCheckFailure`; read back, strongly consistent,
+//! from a store that does not send it): the item showing this
 //! incarnation with exactly the token we wrote means a retry of an acquire that
 //! had in fact landed. Incarnations are unique per process, so nobody else's
 //! write can look like ours. An error (no answer at all) is returned as such:
 //! the caller must resolve it later with [`LeaseStore::resolve_acquire`], never
 //! leave it.
 
-use super::client::{ConditionFailed, LeaseStore};
+use super::client::LeaseStore;
 use super::clock::now_ms;
 use super::codec::{attr, n, s, stream_record};
 use super::error::StoreError;
@@ -100,7 +102,7 @@ impl LeaseStore {
             }
             let _turn = self.stream_write_turn().await;
             let result = self
-                .update_item("acquire", &pk, &update, ReturnValue::AllNew)
+                .update_item_or_current("acquire", &pk, &update, ReturnValue::AllNew)
                 .await?;
             let current = match result {
                 Ok(out) => {
@@ -115,7 +117,10 @@ impl LeaseStore {
                         })?;
                     return Ok(acquired(me, record));
                 }
-                Err(ConditionFailed) => self.get(key).await?,
+                // The item as the refused condition saw it; read it (strongly
+                // consistent) only when the refusal did not carry it.
+                Err(Some(item)) => Some(stream_record(&item).map_err(|m| self.malformed(m))?),
+                Err(None) => self.get(key).await?,
             };
             let Some(current) = current.filter(|c| !c.is_tombstone()) else {
                 return Ok(AcquireOutcome::Gone);

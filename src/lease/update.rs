@@ -9,11 +9,16 @@ use super::client::{ConditionFailed, LeaseStore};
 use super::codec::{Item, attr, n, s};
 use super::error::StoreError;
 use super::keys::STREAM_PK_PREFIX;
+use crate::support::lock;
+use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::operation::delete_item::builders::DeleteItemFluentBuilder;
 use aws_sdk_dynamodb::operation::put_item::builders::PutItemFluentBuilder;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemOutput;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnConsumedCapacity, ReturnValue};
+use aws_sdk_dynamodb::operation::update_item::{UpdateItemError, UpdateItemOutput};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
+};
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 /// A conditional write under construction. Placeholders are chosen by the
 /// caller (they read better in a guard than generated ones); a placeholder
@@ -178,6 +183,38 @@ impl LeaseStore {
         update: &Update,
         returning: ReturnValue,
     ) -> Result<Result<UpdateItemOutput, ConditionFailed>, StoreError> {
+        Ok(self
+            .send_update(operation, pk, update, returning, false)
+            .await?
+            .map_err(|_| ConditionFailed))
+    }
+
+    /// [`LeaseStore::update_item`] that, when the condition fails, also
+    /// returns the item as the condition saw it
+    /// (`ReturnValuesOnConditionCheckFailure = ALL_OLD`, which DynamoDB does
+    /// not charge for): a writer that lost a race learns who won from the
+    /// refusal itself instead of a strongly consistent read afterwards (a
+    /// request and a read unit per lost race). `None` when the item does not
+    /// exist, or the store does not return it (dynalite): read it then.
+    pub(super) async fn update_item_or_current(
+        &self,
+        operation: &'static str,
+        pk: &str,
+        update: &Update,
+        returning: ReturnValue,
+    ) -> Result<Result<UpdateItemOutput, Option<Item>>, StoreError> {
+        self.send_update(operation, pk, update, returning, true)
+            .await
+    }
+
+    async fn send_update(
+        &self,
+        operation: &'static str,
+        pk: &str,
+        update: &Update,
+        returning: ReturnValue,
+        current_on_refusal: bool,
+    ) -> Result<Result<UpdateItemOutput, Option<Item>>, StoreError> {
         // Every write to a stream item is stamped, so the controller's
         // change feed (the `by_change` index) cannot miss one: a write path
         // added later is stamped too, without knowing about the feed.
@@ -197,9 +234,13 @@ impl LeaseStore {
         };
         let expression = update.expression();
         let (condition, names, values) = update.guard();
+        // The item a refusal carried (the last attempt's: a refusal ends the
+        // retries).
+        let refused_item: Mutex<Option<Item>> = Mutex::new(None);
         let out = self
             .call(operation, Some(pk), || {
-                self.client
+                let request = self
+                    .client
                     .update_item()
                     .table_name(&self.table)
                     .key(attr::PK, s(pk))
@@ -209,13 +250,28 @@ impl LeaseStore {
                     .set_expression_attribute_values(values.clone())
                     .return_values(returning.clone())
                     .return_consumed_capacity(ReturnConsumedCapacity::Indexes)
-                    .send()
+                    .set_return_values_on_condition_check_failure(
+                        current_on_refusal.then_some(ReturnValuesOnConditionCheckFailure::AllOld),
+                    );
+                let refused_item = &refused_item;
+                async move {
+                    let result = request.send().await;
+                    if let Err(SdkError::ServiceError(e)) = &result
+                        && let UpdateItemError::ConditionalCheckFailedException(refusal) = e.err()
+                    {
+                        *lock(refused_item) = refusal.item().cloned();
+                    }
+                    result
+                }
             })
             .await?;
-        if let Ok(o) = &out {
-            self.record_capacity(operation, o.consumed_capacity());
-        }
-        Ok(out)
+        Ok(match out {
+            Ok(o) => {
+                self.record_capacity(operation, o.consumed_capacity());
+                Ok(o)
+            }
+            Err(ConditionFailed) => Err(lock(&refused_item).take()),
+        })
     }
 
     /// Puts `item` (its `Pk` in it) under `guard`'s condition, none if it

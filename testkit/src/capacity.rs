@@ -105,6 +105,7 @@ struct Usage {
     write_units: f64,
     read_units: f64,
     requests: u64,
+    requests_by_target: std::collections::BTreeMap<String, u64>,
 }
 
 /// Peak usage of the hottest keys, and totals.
@@ -119,6 +120,8 @@ pub struct CapacityReport {
     pub write_units: f64,
     pub read_units: f64,
     pub requests: u64,
+    /// Requests by operation (`UpdateItem`, `Query`, …).
+    pub requests_by_target: std::collections::BTreeMap<String, u64>,
 }
 
 struct ModelState {
@@ -291,6 +294,7 @@ impl CapacityModel {
             write_units: usage.write_units,
             read_units: usage.read_units,
             requests: usage.requests,
+            requests_by_target: usage.requests_by_target.clone(),
         }
     }
 
@@ -517,7 +521,11 @@ async fn handle_to_completion(state: Arc<ModelState>, headers: HeaderMap, body: 
     let Ok(mut request) = serde_json::from_slice::<Value>(&body) else {
         return StatusCode::BAD_REQUEST.into_response();
     };
-    lock(&state.usage).requests += 1;
+    {
+        let mut usage = lock(&state.usage);
+        usage.requests += 1;
+        *usage.requests_by_target.entry(target.clone()).or_default() += 1;
+    }
     let table = request
         .get("TableName")
         .and_then(Value::as_str)

@@ -180,8 +180,26 @@ impl Acquirer {
         }
     }
 
-    /// One pass. Errors are logged by the caller; the next pass starts over.
+    /// One pass, timed by kind. Errors are logged by the caller; the next
+    /// pass starts over.
     pub(crate) async fn pass(&mut self) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let result = self.pass_once().await;
+        let kind = match result {
+            Ok(true) => "full",
+            Ok(false) => "quiet",
+            Err(_) => "failed",
+        };
+        self.ctx
+            .metrics
+            .acquisition_pass_seconds
+            .get_or_create(&[("kind", kind)])
+            .observe(started.elapsed().as_secs_f64());
+        result.map(|_| ())
+    }
+
+    /// One pass; `true` when it was a full one.
+    async fn pass_once(&mut self) -> Result<bool, StoreError> {
         let now = Instant::now();
         // Every pass, quiet or failing ones too: the peak must cover the
         // whole window before a handoff, not only the passes that reach one.
@@ -192,7 +210,7 @@ impl Acquirer {
         let after_quiet = self.may_stay_quiet(now);
         if after_quiet && !self.quiet_pass(now).await? {
             let fleet = self.quiet.fleet.clone();
-            return self.audit_if_due(now, &fleet).await;
+            return self.audit_if_due(now, &fleet).await.map(|()| false);
         }
         self.release_deferred(now);
         let fleet = self.ctx.store.fleet().await?;
@@ -203,7 +221,7 @@ impl Acquirer {
         self.watch_peers(&fleet.workers).await?;
         self.resolve_pending().await;
         if self.skew_exceeded() {
-            return Ok(());
+            return Ok(true);
         }
         let mut candidates = Vec::new();
         let now = Instant::now();
@@ -259,7 +277,7 @@ impl Acquirer {
             // Ready to take streams: peers hand some over to a newcomer.
             self.ctx.store.announce_change().await;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Notes each worker's state, release marker and draining flag; `true`

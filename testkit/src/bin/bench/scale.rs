@@ -73,6 +73,29 @@ fn sim_worker_id(i: usize) -> String {
     format!("sim-{i:02}")
 }
 
+/// The workers' full acquisition passes so far: how many, and the seconds
+/// they took together.
+fn full_passes(workers: &[SimWorker]) -> (u64, f64) {
+    workers.iter().fold((0, 0.0), |(count, sum), w| {
+        let h = w
+            .metrics
+            .acquisition_pass_seconds
+            .get_or_create(&[("kind", "full")]);
+        (count + h.count(), sum + h.sum())
+    })
+}
+
+/// Full passes between two `full_passes` readings over `seconds` with
+/// `workers` workers: how many each worker made a second, and how long one
+/// took on average (a pass awaits its reads and acquires, and the next
+/// starts a reconcile interval after it ends).
+fn pass_pace(before: (u64, f64), after: (u64, f64), workers: usize, seconds: f64) -> Value {
+    let count = after.0 - before.0;
+    let per_worker_s = count as f64 / workers.max(1) as f64 / seconds.max(f64::EPSILON);
+    let mean_s = (after.1 - before.1) / count.max(1) as f64;
+    json!({"full_passes": count, "per_worker_per_s": per_worker_s, "mean_s": mean_s})
+}
+
 fn held(workers: &[SimWorker]) -> i64 {
     workers.iter().map(SimWorker::held).sum()
 }
@@ -121,9 +144,15 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     }
     all_held(&workers, n, "acquired", |_| {}).await?;
     let acquire_all = t0.elapsed().as_secs_f64();
+    let cold_passes = pass_pace((0, 0.0), full_passes(&workers), workers.len(), acquire_all);
+    println!("scale: full passes during the cold start: {cold_passes}");
     let (races_won, races_lost) = races(&workers);
     println!("scale: acquires won {races_won}, lost to another worker {races_lost}");
     let during_acquisition = model.report();
+    println!(
+        "scale: requests during the cold start by operation: {:?}",
+        during_acquisition.requests_by_target
+    );
     println!(
         "scale: {} workers acquired {n} streams in {acquire_all:.1}s; hottest key {:?} at {:.0} WCU/s, {} throttled",
         p.scale_workers,
@@ -200,19 +229,38 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     for w in workers.drain(..killed) {
         w.task.abort();
     }
+    let passes_before = full_passes(&workers);
     // Acquires won and lost in each second of the failover.
     let mut races_by_second = Vec::new();
+    // And the full passes finished in each second, with their mean length (ms).
+    let mut passes_by_second = Vec::new();
     let mut last = (won_before, lost_before);
+    let mut last_passes = passes_before;
     all_held(&workers, n, "owned again", |workers| {
         let now = races(workers);
         races_by_second.push((now.0 - last.0, now.1 - last.1));
         last = now;
+        let passes = full_passes(workers);
+        let count = passes.0 - last_passes.0;
+        let mean_ms = 1000.0 * (passes.1 - last_passes.1) / count.max(1) as f64;
+        passes_by_second.push((count, mean_ms.round() as u64));
+        last_passes = passes;
     })
     .await?;
     println!(
         "scale: acquires won / lost to another worker in each second of the failover: {races_by_second:?}"
     );
+    println!(
+        "scale: full passes finished / their mean ms in each second of the failover: {passes_by_second:?}"
+    );
     let failover = t1.elapsed().as_secs_f64();
+    let failover_passes = pass_pace(
+        passes_before,
+        full_passes(&workers),
+        workers.len(),
+        failover,
+    );
+    println!("scale: full passes during the failover: {failover_passes}");
     let (won_after, lost_after) = races(&workers);
     let (failover_won, failover_lost) = (won_after - won_before, lost_after - lost_before);
     let during_failover = model.report();
@@ -221,6 +269,10 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     let declared_dead_s = declared_dead_after(&history, &crashed, killed_at_ms);
     let taken_by_second = taken_over_by_second(&history, &crashed, killed_at_ms);
     println!("scale: streams taken over by each second after the crash: {taken_by_second:?}");
+    println!(
+        "scale: requests during the failover by operation: {:?}",
+        during_failover.requests_by_target
+    );
     let doubles = double_owners(&history);
     if !doubles.is_empty() {
         // Keep the evidence: every write to the streams and workers involved.
@@ -256,6 +308,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         "acquires_won": races_won,
         "acquires_lost_races": races_lost,
         "acquire_all_s": acquire_all,
+        "acquisition_passes": cold_passes,
         "acquisition": during_acquisition,
         "steady": steady,
         "steady_window_s": steady_window.as_secs_f64(),
@@ -270,6 +323,8 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         "failover_all_owned_again_s": failover,
         "failover_taken_over_by_second": taken_by_second,
         "failover_races_by_second": races_by_second,
+        "failover_passes": failover_passes,
+        "failover_passes_by_second": passes_by_second,
         "failover_acquires_won": failover_won,
         "failover_acquires_lost_races": failover_lost,
         "failover": during_failover,
