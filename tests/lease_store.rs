@@ -45,6 +45,34 @@ async fn acquire(store: &LeaseStore, observed: &StreamRecord, me: &Incarnation) 
     }
 }
 
+/// `loser`, acquiring from the observation `winner` acquired from, learns
+/// that `winner` took it; `winner` retrying that acquire (as after a lost
+/// answer) is recognised as the owner, with the lease it `won`.
+async fn lost_to_and_retried(
+    store: &LeaseStore,
+    observed: &StreamRecord,
+    loser: &Incarnation,
+    winner: &Incarnation,
+    won: &Lease,
+) {
+    match store
+        .acquire(observed, &AcquireFrom::Free, loser)
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Taken { owner } => assert_eq!(owner.as_deref(), Some(winner.as_str())),
+        other => panic!("{loser} must lose to {winner}, got {other:?}"),
+    }
+    match store
+        .acquire(observed, &AcquireFrom::Free, winner)
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Acquired { lease, .. } => assert_eq!(&lease, won),
+        other => panic!("a retried acquire that landed is ours, got {other:?}"),
+    }
+}
+
 fn renewal(version: u64) -> Renewal<'static> {
     Renewal {
         version,
@@ -161,24 +189,9 @@ async fn two_processes_started_with_one_worker_id_are_two_owners() {
     let b = worker(&store, "pod-0").await;
     assert_ne!(a, b);
     let first = acquire(&store, &record, &a).await;
-    // b, from the same observation, must not mistake a's write for its own.
-    match store
-        .acquire(&record, &AcquireFrom::Free, &b)
-        .await
-        .unwrap()
-    {
-        AcquireOutcome::Taken { owner } => assert_eq!(owner.as_deref(), Some(a.as_str())),
-        other => panic!("the twin must lose, got {other:?}"),
-    }
+    // b, from the same observation, must not mistake a's write for its own;
     // a retrying the acquire whose answer it lost is recognised as the owner.
-    match store
-        .acquire(&record, &AcquireFrom::Free, &a)
-        .await
-        .unwrap()
-    {
-        AcquireOutcome::Acquired { lease, .. } => assert_eq!(lease, first),
-        other => panic!("a retried acquire that landed is ours, got {other:?}"),
-    }
+    lost_to_and_retried(&store, &record, &b, &a, &first).await;
     // The twin's owner writes all fail.
     let twin_lease = Lease {
         owner: b.clone(),
@@ -227,7 +240,7 @@ async fn a_lost_acquire_learns_the_winner_from_the_refusal_without_a_read() {
     let record = create(&store, "lost-race").await;
     let winner = worker(&store, "winner").await;
     let loser = worker(&store, "loser").await;
-    acquire(&store, &record, &winner).await;
+    let won = acquire(&store, &record, &winner).await;
     let model = tether_testkit::capacity::CapacityModel::start(
         "127.0.0.1:0".parse().unwrap(),
         &tether_testkit::store::endpoint().0,
@@ -241,26 +254,9 @@ async fn a_lost_acquire_learns_the_winner_from_the_refusal_without_a_read() {
         .await
         .unwrap();
     model.reset_usage();
-    match via
-        .acquire(&record, &AcquireFrom::Free, &loser)
-        .await
-        .unwrap()
-    {
-        AcquireOutcome::Taken { owner } => assert_eq!(owner.as_deref(), Some(winner.as_str())),
-        other => panic!("the race was lost, got {other:?}"),
-    }
     // The winner retrying its landed acquire is still recognised from the
     // refusal: the item shows it with the token it wrote.
-    match via
-        .acquire(&record, &AcquireFrom::Free, &winner)
-        .await
-        .unwrap()
-    {
-        AcquireOutcome::Acquired { lease, .. } => {
-            assert_eq!(lease.counter, record.lease_counter + 1)
-        }
-        other => panic!("a retried acquire that landed is ours, got {other:?}"),
-    }
+    lost_to_and_retried(&via, &record, &loser, &winner, &won).await;
     let requests = model.report().requests_by_target;
     assert_eq!(requests.get("UpdateItem"), Some(&2), "{requests:?}");
     let reads = requests.get("GetItem").copied().unwrap_or(0);
