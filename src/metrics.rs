@@ -129,7 +129,7 @@ pub struct WorkerMetrics {
     pub self_fences: Counter,
     pub failover_seconds: Histogram,
     pub handoff_seconds: Histogram,
-    /// Acquisition passes by kind (`quiet`, `full`, `failed`): a full pass
+    /// Acquisition passes by kind (`quiet`, `full`, `skew`, `failed`): a full pass
     /// that takes long under load delays every orphan it would have found.
     pub acquisition_pass_seconds: Family<Labels1, Histogram, fn() -> Histogram>,
     pub reconnects: Counter,
@@ -238,7 +238,7 @@ impl WorkerMetrics {
         );
         r.register(
             "tether_acquisition_pass_duration_seconds",
-            "Acquisition passes by kind: quiet (the change counter and watched peers), full (the fleet, orphans, acquires), failed",
+            "Acquisition passes by kind: quiet (the change counter and watched peers), full (the fleet, orphans, acquires), skew (stopped at the clock check: this clock is off), failed",
             self.acquisition_pass_seconds.clone(),
         );
         r.register(

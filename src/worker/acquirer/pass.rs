@@ -185,11 +185,7 @@ impl Acquirer {
     pub(crate) async fn pass(&mut self) -> Result<(), StoreError> {
         let started = Instant::now();
         let result = self.pass_once().await;
-        let kind = match result {
-            Ok(true) => "full",
-            Ok(false) => "quiet",
-            Err(_) => "failed",
-        };
+        let kind = *result.as_ref().unwrap_or(&"failed");
         self.ctx
             .metrics
             .acquisition_pass_seconds
@@ -198,8 +194,9 @@ impl Acquirer {
         result.map(|_| ())
     }
 
-    /// One pass; `true` when it was a full one.
-    async fn pass_once(&mut self) -> Result<bool, StoreError> {
+    /// One pass; what kind it was: `quiet`, `full`, or `skew` (it stopped
+    /// at the clock check and acquired nothing).
+    async fn pass_once(&mut self) -> Result<&'static str, StoreError> {
         let now = Instant::now();
         // Every pass, quiet or failing ones too: the peak must cover the
         // whole window before a handoff, not only the passes that reach one.
@@ -210,7 +207,7 @@ impl Acquirer {
         let after_quiet = self.may_stay_quiet(now);
         if after_quiet && !self.quiet_pass(now).await? {
             let fleet = self.quiet.fleet.clone();
-            return self.audit_if_due(now, &fleet).await.map(|()| false);
+            return self.audit_if_due(now, &fleet).await.map(|()| "quiet");
         }
         self.release_deferred(now);
         let fleet = self.ctx.store.fleet().await?;
@@ -221,7 +218,7 @@ impl Acquirer {
         self.watch_peers(&fleet.workers).await?;
         self.resolve_pending().await;
         if self.skew_exceeded() {
-            return Ok(true);
+            return Ok("skew");
         }
         let mut candidates = Vec::new();
         let now = Instant::now();
@@ -277,7 +274,7 @@ impl Acquirer {
             // Ready to take streams: peers hand some over to a newcomer.
             self.ctx.store.announce_change().await;
         }
-        Ok(true)
+        Ok("full")
     }
 
     /// Notes each worker's state, release marker and draining flag; `true`
