@@ -5,6 +5,7 @@ use nix::sys::signal::Signal;
 use std::time::Duration;
 use tether_testkit::bed::{Bed, BedOptions};
 use tether_testkit::fixtures::log_spec;
+use tether_testkit::processes::metric_sum;
 
 const EXE: &str = env!("CARGO_BIN_EXE_tether");
 
@@ -69,13 +70,12 @@ async fn a_new_worker_gets_its_fair_share_and_a_leaving_one_s_streams_are_shared
     let metrics = c.metrics().await.unwrap();
     assert!(metrics.contains("tether_live_workers 3"), "{metrics}");
     // The newcomer's full passes (the ones that took its streams) are timed.
-    let full_passes = metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("tether_acquisition_pass_duration_seconds_count{kind=\"full\"} ")
-        })
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    assert!(full_passes.is_some_and(|n| n > 0), "{metrics}");
+    let full_passes = metric_sum(
+        &metrics,
+        "tether_acquisition_pass_duration_seconds_count",
+        "kind=\"full\"",
+    );
+    assert!(full_passes > 0.0, "{metrics}");
 
     // A fourth worker: 30 over 4 is 7.5. The fair share (the ceiling, 8)
     // alone would stop at 8/8/8/6, nobody being above it; the fleet ends

@@ -104,7 +104,6 @@ struct Usage {
     write_units_by_key: HashMap<PartitionKey, f64>,
     write_units: f64,
     read_units: f64,
-    requests: u64,
     requests_by_target: std::collections::BTreeMap<String, u64>,
 }
 
@@ -293,7 +292,7 @@ impl CapacityModel {
             throttled_keys,
             write_units: usage.write_units,
             read_units: usage.read_units,
-            requests: usage.requests,
+            requests: usage.requests_by_target.values().sum(),
             requests_by_target: usage.requests_by_target.clone(),
         }
     }
@@ -521,11 +520,10 @@ async fn handle_to_completion(state: Arc<ModelState>, headers: HeaderMap, body: 
     let Ok(mut request) = serde_json::from_slice::<Value>(&body) else {
         return StatusCode::BAD_REQUEST.into_response();
     };
-    {
-        let mut usage = lock(&state.usage);
-        usage.requests += 1;
-        *usage.requests_by_target.entry(target.clone()).or_default() += 1;
-    }
+    *lock(&state.usage)
+        .requests_by_target
+        .entry(target.clone())
+        .or_default() += 1;
     let table = request
         .get("TableName")
         .and_then(Value::as_str)

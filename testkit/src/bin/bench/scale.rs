@@ -85,14 +85,20 @@ fn full_passes(workers: &[SimWorker]) -> (u64, f64) {
     })
 }
 
+/// Full passes finished between two `full_passes` readings, and their
+/// mean length in seconds (0 when none finished).
+fn passes_between(before: (u64, f64), after: (u64, f64)) -> (u64, f64) {
+    let count = after.0 - before.0;
+    (count, (after.1 - before.1) / count.max(1) as f64)
+}
+
 /// Full passes between two `full_passes` readings over `seconds` with
 /// `workers` workers: how many each worker made a second, and how long one
 /// took on average (a pass awaits its reads and acquires, and the next
 /// starts a reconcile interval after it ends).
 fn pass_pace(before: (u64, f64), after: (u64, f64), workers: usize, seconds: f64) -> Value {
-    let count = after.0 - before.0;
+    let (count, mean_s) = passes_between(before, after);
     let per_worker_s = count as f64 / workers.max(1) as f64 / seconds.max(f64::EPSILON);
-    let mean_s = (after.1 - before.1) / count.max(1) as f64;
     json!({"full_passes": count, "per_worker_per_s": per_worker_s, "mean_s": mean_s})
 }
 
@@ -241,9 +247,8 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         races_by_second.push((now.0 - last.0, now.1 - last.1));
         last = now;
         let passes = full_passes(workers);
-        let count = passes.0 - last_passes.0;
-        let mean_ms = 1000.0 * (passes.1 - last_passes.1) / count.max(1) as f64;
-        passes_by_second.push((count, mean_ms.round() as u64));
+        let (count, mean_s) = passes_between(last_passes, passes);
+        passes_by_second.push((count, (1000.0 * mean_s).round() as u64));
         last_passes = passes;
     })
     .await?;
