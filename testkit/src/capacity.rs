@@ -105,6 +105,9 @@ struct Usage {
     write_units: f64,
     read_units: f64,
     requests_by_target: std::collections::BTreeMap<String, u64>,
+    /// Conditional writes refused, and the write units they were billed.
+    refused_writes: u64,
+    refused_write_units: f64,
 }
 
 /// Peak usage of the hottest keys, and totals.
@@ -121,6 +124,11 @@ pub struct CapacityReport {
     pub requests: u64,
     /// Requests by operation (`UpdateItem`, `Query`, …).
     pub requests_by_target: std::collections::BTreeMap<String, u64>,
+    /// Conditional writes refused (a lost race, a fenced owner's write):
+    /// DynamoDB bills each by the size of the item the condition was checked
+    /// against, at least one unit; included in `write_units`.
+    pub refused_writes: u64,
+    pub refused_write_units: f64,
 }
 
 struct ModelState {
@@ -294,6 +302,8 @@ impl CapacityModel {
             read_units: usage.read_units,
             requests: usage.requests_by_target.values().sum(),
             requests_by_target: usage.requests_by_target.clone(),
+            refused_writes: usage.refused_writes,
+            refused_write_units: usage.refused_write_units,
         }
     }
 
@@ -628,6 +638,11 @@ async fn write(
         return Err(state.throttle(hot));
     }
     request["ReturnConsumedCapacity"] = json!("INDEXES");
+    // A refusal is billed by the item it was checked against, which the
+    // server sends back only when asked: asked for here, and taken out
+    // again of an answer to a client that did not ask.
+    let client_wants_item = request.get("ReturnValuesOnConditionCheckFailure").is_some();
+    request["ReturnValuesOnConditionCheckFailure"] = json!("ALL_OLD");
     let (status, out_headers, bytes) = match state.send("", request, Some(headers)).await {
         Ok(answer) => answer,
         Err(code) => {
@@ -639,6 +654,14 @@ async fn write(
     if !status.is_success() {
         let unchanged = String::from_utf8_lossy(&bytes).contains("ConditionalCheckFailed");
         state.note_item(table, pk, (unchanged && known_before).then_some(before));
+        if !unchanged {
+            return Ok((status, out_headers, bytes));
+        }
+        let (units, bytes) = refusal(bytes, client_wants_item);
+        state.charge(keys[0].clone(), units, 0.0);
+        let mut usage = lock(&state.usage);
+        usage.refused_writes += 1;
+        usage.refused_write_units += units;
         return Ok((status, out_headers, bytes));
     }
     let answer: Option<WriteAnswer> = serde_json::from_slice(&bytes).ok();
@@ -705,6 +728,26 @@ async fn write(
         deleted: after.is_none(),
     });
     Ok((status, out_headers, bytes))
+}
+
+/// What a refused conditional write is billed (DynamoDB: the size of the
+/// item the condition was checked against, at least one unit; nothing is
+/// written to an index), and its answer as the client asked for it: without
+/// the item unless `client_wants_item`. A server that does not send the item
+/// (dynalite) is billed the minimum.
+fn refusal(bytes: Bytes, client_wants_item: bool) -> (f64, Bytes) {
+    let Ok(Value::Object(mut answer)) = serde_json::from_slice::<Value>(&bytes) else {
+        return (crate::item_size::write_units(0), bytes);
+    };
+    let size = answer
+        .get("Item")
+        .and_then(Value::as_object)
+        .map_or(0, crate::item_size::item_size);
+    let units = crate::item_size::write_units(size);
+    if client_wants_item || answer.remove("Item").is_none() {
+        return (units, bytes);
+    }
+    (units, Bytes::from(Value::Object(answer).to_string()))
 }
 
 /// The partition a query reads: the value compared in its key condition's
@@ -989,6 +1032,50 @@ mod tests {
             "changed_at_ms": {"N": "1"},
             "desired_state": {"S": "STARTED"},
         }})
+    }
+
+    /// A refused conditional write is billed as DynamoDB bills it: by the
+    /// size of the item the condition was checked against (here ~2.5 KB:
+    /// three units) on the item's key, none to an index. The item the model
+    /// asks for to size it reaches only a client that asked for it too.
+    #[tokio::test]
+    async fn a_refused_write_is_billed_by_the_size_of_the_item_it_was_checked_against() {
+        let chain = Chain::start().await;
+        let mut item = put("UNOWNED#1");
+        item["Item"]["padding"] = json!({"S": "x".repeat(2500)});
+        assert!(chain.write("PutItem", item).await.0.is_success());
+        let before = chain.model.write_units_by_key();
+        let key = PartitionKey {
+            scope: "table".into(),
+            value: "CONN#model/t1".into(),
+        };
+        let refused = || {
+            let mut body = update("w~1#2", "NONE", Some("UNOWNED#9"));
+            body["TableName"] = json!(chain.table);
+            body
+        };
+        let (status, answer) = call(&chain.model.endpoint(), "UpdateItem", refused()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(answer.contains("ConditionalCheckFailed"), "{answer}");
+        assert!(!answer.contains("padding"), "not asked for: {answer}");
+        let mut asking = refused();
+        asking["ReturnValuesOnConditionCheckFailure"] = json!("ALL_OLD");
+        let (_, answer) = call(&chain.model.endpoint(), "UpdateItem", asking).await;
+        assert!(answer.contains("padding"), "asked for: {answer}");
+        let after = chain.model.write_units_by_key();
+        let charged = |units: &HashMap<PartitionKey, f64>| units.get(&key).copied().unwrap_or(0.0);
+        assert_eq!(charged(&after) - charged(&before), 6.0, "{after:?}");
+        assert!(
+            after
+                .iter()
+                .all(|(k, v)| k.scope == "table" || before.get(k) == Some(v)),
+            "no index is charged for a refusal: {before:?} -> {after:?}"
+        );
+        let report = chain.model.report();
+        assert_eq!(
+            (report.refused_writes, report.refused_write_units),
+            (2, 6.0)
+        );
     }
 
     /// The same writes through a model that remembers items and one that

@@ -17,6 +17,7 @@
 //! - `kstatus`: the status rules GitOps tools and `kubectl wait` apply;
 //! - `chaos`: the seeded chaos runner;
 //! - `capacity`: a capacity model of DynamoDB partitions (a metering proxy);
+//!   `item_size`: an item's size by DynamoDB's rules, for what it bills;
 //! - `sim`: in-process workers with no-op sessions.
 
 pub mod bed;
@@ -26,6 +27,7 @@ pub mod capacity;
 pub mod chaos;
 pub mod dynamo_proxy;
 pub mod fixtures;
+pub mod item_size;
 pub mod k8s;
 pub mod kstatus;
 pub mod otlp;

@@ -165,6 +165,8 @@ async fn one(ctx: &Ctx, case: Case) -> anyhow::Result<Value> {
         "rru_per_stream_hour": rru.round(),
         "rru_per_worker_hour": (report.read_units / (WORKERS as f64 * hours)).round(),
         "write_units": report.write_units,
+        "refused_writes": report.refused_writes,
+        "refused_write_units": report.refused_write_units,
         "read_units": report.read_units,
         "hottest_write_key": report.hottest_write_key,
         "write_units_by_operation_whole_run": by_operation,

@@ -156,8 +156,11 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     println!("scale: acquires won {races_won}, lost to another worker {races_lost}");
     let during_acquisition = model.report();
     println!(
-        "scale: requests during the cold start by operation: {:?}",
-        during_acquisition.requests_by_target
+        "scale: requests during the cold start by operation: {:?}; {} write units, {} of them for {} refused writes",
+        during_acquisition.requests_by_target,
+        during_acquisition.write_units,
+        during_acquisition.refused_write_units,
+        during_acquisition.refused_writes
     );
     println!(
         "scale: {} workers acquired {n} streams in {acquire_all:.1}s; hottest key {:?} at {:.0} WCU/s, {} throttled",
@@ -275,8 +278,11 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     let taken_by_second = taken_over_by_second(&history, &crashed, killed_at_ms);
     println!("scale: streams taken over by each second after the crash: {taken_by_second:?}");
     println!(
-        "scale: requests during the failover by operation: {:?}",
-        during_failover.requests_by_target
+        "scale: requests during the failover by operation: {:?}; {} write units, {} of them for {} refused writes",
+        during_failover.requests_by_target,
+        during_failover.write_units,
+        during_failover.refused_write_units,
+        during_failover.refused_writes
     );
     let doubles = double_owners(&history);
     if !doubles.is_empty() {
