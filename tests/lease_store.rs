@@ -241,6 +241,16 @@ async fn a_lost_acquire_learns_the_winner_from_the_refusal_without_a_read() {
     let winner = worker(&store, "winner").await;
     let loser = worker(&store, "loser").await;
     let won = acquire(&store, &record, &winner).await;
+    let (model, via) = metered(&store).await;
+    // The winner retrying its landed acquire is still recognised from the
+    // refusal: the item shows it with the token it wrote.
+    lost_to_and_retried(&via, &record, &loser, &winner, &won).await;
+    assert_judged_without_reads(&model, 2);
+}
+
+/// The same store through a capacity model that counts its requests, with
+/// nothing counted yet.
+async fn metered(store: &LeaseStore) -> (tether_testkit::capacity::CapacityModel, LeaseStore) {
     let model = tether_testkit::capacity::CapacityModel::start(
         "127.0.0.1:0".parse().unwrap(),
         &tether_testkit::store::endpoint().0,
@@ -254,20 +264,81 @@ async fn a_lost_acquire_learns_the_winner_from_the_refusal_without_a_read() {
         .await
         .unwrap();
     model.reset_usage();
-    // The winner retrying its landed acquire is still recognised from the
-    // refusal: the item shows it with the token it wrote.
-    lost_to_and_retried(&via, &record, &loser, &winner, &won).await;
-    let requests = model.report().requests_by_target;
-    assert_eq!(requests.get("UpdateItem"), Some(&2), "{requests:?}");
+    (model, via)
+}
+
+/// `refusals` refused writes were judged from the item each refusal
+/// carried, with no read (a store that does not send it, such as dynalite,
+/// reads instead: at most one read each).
+fn assert_judged_without_reads(model: &tether_testkit::capacity::CapacityModel, refusals: u64) {
+    let report = model.report();
+    let requests = &report.requests_by_target;
+    assert_eq!(report.refused_writes, refusals, "{requests:?}");
     let reads = requests.get("GetItem").copied().unwrap_or(0);
     if tether_testkit::store::external() {
-        assert!(reads <= 2, "{requests:?}");
+        assert!(reads <= refusals, "{requests:?}");
     } else {
         assert_eq!(
             reads, 0,
             "a refusal that carries the item needs no read: {requests:?}"
         );
     }
+}
+
+/// An owner write that is refused (a checkpoint behind the stored one, a
+/// release retried after it landed, a write by an owner whose stream was
+/// released or taken) is judged from the item the refusal carries, as a
+/// lost acquire is: each read back was a request and a read unit more, on
+/// the paths a drain and a takeover take for many streams at once.
+#[tokio::test]
+async fn a_refused_owner_write_is_judged_from_the_refusal_without_a_read() {
+    let store = fresh_store(None).await;
+    let record = create(&store, "owner-writes").await;
+    let me = worker(&store, "owner").await;
+    let lease = acquire(&store, &record, &me).await;
+    let (model, via) = metered(&store).await;
+    let status = SessionStatus::default();
+    let release = || {
+        via.release(
+            &lease,
+            ReleaseReason::Shutdown,
+            Some(9),
+            &status,
+            DesiredState::Started,
+            tether::lease::now_ms(),
+        )
+    };
+    assert_eq!(
+        via.fold_checkpoint(&lease, 10).await.unwrap(),
+        OwnerWrite::Done(())
+    );
+    // Behind the stored checkpoint: refused, and still done.
+    assert_eq!(
+        via.fold_checkpoint(&lease, 5).await.unwrap(),
+        OwnerWrite::Done(())
+    );
+    // Carrying a checkpoint (9) behind the stored one: refused, then
+    // sent again without it.
+    assert_eq!(release().await.unwrap(), OwnerWrite::Done(()));
+    // A retry of the release whose first attempt landed: refused, done.
+    assert_eq!(release().await.unwrap(), OwnerWrite::Done(()));
+    // A write after the release: refused, lost.
+    assert_eq!(
+        via.fold_checkpoint(&lease, 11).await.unwrap(),
+        OwnerWrite::Lost
+    );
+    // Taken by another worker: the old lease's release is refused, lost.
+    let released = store.get(&record.key).await.unwrap().unwrap();
+    let other = worker(&store, "other").await;
+    acquire(&store, &released, &other).await;
+    assert_eq!(release().await.unwrap(), OwnerWrite::Lost);
+    assert_judged_without_reads(&model, 5);
+    // What the refusals said is what the table says.
+    let now = store.get(&record.key).await.unwrap().unwrap();
+    assert_eq!(
+        (now.checkpoint, now.ownership()),
+        (Some(10), Ownership::Owned(other))
+    );
 }
 
 #[tokio::test]

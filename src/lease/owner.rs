@@ -3,9 +3,9 @@
 //! "still owned" (`lease_expires_at_ms` at the owned value), so nothing in
 //! flight can touch a stream after it was released or taken: a release is final.
 
-use super::client::{ConditionFailed, LeaseStore};
+use super::client::LeaseStore;
 use super::clock::now_ms;
-use super::codec::{attr, n, s, served_requests_value};
+use super::codec::{Item, attr, n, s, served_requests_value, stream_record};
 use super::error::StoreError;
 use super::record::{
     DesiredState, Lease, OWNED_EXPIRY_MS, OwnerRequests, OwnerWrite, Ownership, StreamRecord,
@@ -61,6 +61,10 @@ fn set_checkpoint(u: &mut Update, seq: u64) {
     u.require("(attribute_not_exists(last_seq) OR last_seq <= :seq)");
 }
 
+/// A refused owner write, with the item its condition was checked against
+/// when the store sent it.
+struct Refused(Option<Box<Item>>);
+
 /// What a failed owner write found when it read the item back.
 enum Found {
     /// Still ours: only a secondary guard failed.
@@ -83,20 +87,39 @@ impl LeaseStore {
         operation: &'static str,
         lease: &Lease,
         fill: impl FnOnce(&mut Update),
-    ) -> Result<Result<(), ConditionFailed>, StoreError> {
+    ) -> Result<Result<(), Refused>, StoreError> {
         let _turn = self.stream_write_turn().await;
         let mut update = owner_update(lease);
         fill(&mut update);
-        let out =
-            Box::pin(self.update_item(operation, &lease.key.pk(), &update, ReturnValue::None))
-                .await?;
-        Ok(out.map(|_| ()))
+        let out = Box::pin(self.update_item_or_current(
+            operation,
+            &lease.key.pk(),
+            &update,
+            ReturnValue::None,
+        ))
+        .await?;
+        Ok(out.map(|_| ()).map_err(|item| Refused(item.map(Box::new))))
     }
 
-    /// Boxed by its callers: its read (an SDK request) is rare and would
-    /// otherwise size every owner write while it waits for a turn.
-    async fn after_lost_condition(&self, lease: &Lease) -> Result<Found, StoreError> {
-        let Some(current) = self.get(&lease.key).await? else {
+    /// Judges a refused owner write by the item its condition was checked
+    /// against (the refusal carries it: no read, as for an acquire); read
+    /// back, strongly consistent, only when it did not (no item, or a store
+    /// that does not send it). The refusal's item may be older than a read
+    /// would be, never newer, and each finding holds from then on: a token
+    /// that is no longer ours never comes back, our own release stays done,
+    /// and a stored checkpoint never moves backwards. Boxed by its callers:
+    /// its read (an SDK request) is rare and would otherwise size every
+    /// owner write while it waits for a turn.
+    async fn after_lost_condition(
+        &self,
+        lease: &Lease,
+        refused: Refused,
+    ) -> Result<Found, StoreError> {
+        let current = match refused.0 {
+            Some(item) => Some(stream_record(&item).map_err(|m| self.malformed(m))?),
+            None => self.get(&lease.key).await?,
+        };
+        let Some(current) = current else {
             return Ok(Found::Lost);
         };
         let mine = current.lease_owner.as_deref() == Some(lease.owner.as_str())
@@ -130,7 +153,7 @@ impl LeaseStore {
         Ok(
             match self.send_owner_update("write_status", lease, fill).await? {
                 Ok(()) => OwnerWrite::Done(()),
-                Err(ConditionFailed) => OwnerWrite::Lost,
+                Err(Refused(_)) => OwnerWrite::Lost,
             },
         )
     }
@@ -150,7 +173,7 @@ impl LeaseStore {
                 .await?
             {
                 Ok(()) => OwnerWrite::Done(()),
-                Err(ConditionFailed) => match Box::pin(self.after_lost_condition(lease)).await? {
+                Err(refused) => match Box::pin(self.after_lost_condition(lease, refused)).await? {
                     // The stored checkpoint is already at or past `seq`.
                     Found::StillOurs(_) => OwnerWrite::Done(()),
                     Found::ReleasedByUs | Found::Lost => OwnerWrite::Lost,
@@ -198,7 +221,7 @@ impl LeaseStore {
             };
             match self.send_owner_update("release", lease, fill).await? {
                 Ok(()) => return Ok(OwnerWrite::Done(())),
-                Err(ConditionFailed) => match Box::pin(self.after_lost_condition(lease)).await? {
+                Err(refused) => match Box::pin(self.after_lost_condition(lease, refused)).await? {
                     Found::ReleasedByUs => return Ok(OwnerWrite::Done(())),
                     Found::Lost => return Ok(OwnerWrite::Lost),
                     Found::StillOurs(current) => {
