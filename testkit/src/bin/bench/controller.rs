@@ -10,7 +10,7 @@
 //! change index, where the controller falls back to the previous design:
 //! each resource's item read every `--status-refresh`.
 
-use crate::{Ctx, round2};
+use crate::{Ctx, HOURS_PER_MONTH, PRICE_PER_MILLION_RRU, PRICE_PER_MILLION_WRU, round2};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -128,7 +128,21 @@ struct Counts {
     upserts: f64,
     get_items: f64,
     change_queries: f64,
+    /// Capacity units the controller's operations consumed, as each
+    /// replica's store client counted them from DynamoDB's answers.
+    read_units: f64,
+    write_units: f64,
 }
+
+/// The store operations of the controller half of `tether operator` (the
+/// worker half's are labelled apart: its fleet, peers, counter, partitions
+/// and re-reads): mirror writes and tombstones, the change feed, and status
+/// reads (`get_item`; the owner's worker item and checkpoints, read for a
+/// status, are `get_worker`/`get_checkpoints`, which a worker also makes
+/// only when it declares a peer dead or takes its streams over, and which are
+/// left out).
+const CONTROLLER_OPERATIONS: [&str; 4] =
+    ["upsert_desired", "tombstone", "query_changes", "get_item"];
 
 async fn counts(emulator: &Emulator, replicas: &[Replica], gone: &Counts) -> Counts {
     let api: BTreeMap<String, f64> = match http()
@@ -144,9 +158,17 @@ async fn counts(emulator: &Emulator, replicas: &[Replica], gone: &Counts) -> Cou
         upserts: gone.upserts,
         get_items: gone.get_items,
         change_queries: gone.change_queries,
+        read_units: gone.read_units,
+        write_units: gone.write_units,
     };
     for r in replicas {
         let text = metrics_text(r).await;
+        for op in CONTROLLER_OPERATIONS {
+            let label = format!("operation=\"{op}\"");
+            c.read_units += metric_sum(&text, "tether_dynamodb_consumed_read_units_total", &label);
+            c.write_units +=
+                metric_sum(&text, "tether_dynamodb_consumed_write_units_total", &label);
+        }
         c.upserts += metric_sum(
             &text,
             "tether_dynamodb_requests_total",
@@ -166,7 +188,9 @@ async fn counts(emulator: &Emulator, replicas: &[Replica], gone: &Counts) -> Cou
     c
 }
 
-fn per_minute(before: &Counts, after: &Counts, window: Duration) -> Value {
+/// Requests per minute between two counts; the capacity units only with
+/// `units_counted` (tether 0.1 counts no read units: `null` rather than 0).
+fn per_minute(before: &Counts, after: &Counts, window: Duration, units_counted: bool) -> Value {
     let scale = 60.0 / window.as_secs_f64();
     let api = |pred: &dyn Fn(&str) -> bool| {
         after
@@ -181,6 +205,8 @@ fn per_minute(before: &Counts, after: &Counts, window: Duration) -> Value {
     };
     let writes =
         api(&|k| !k.starts_with("GET") && !k.starts_with("WATCH") && !k.contains("leases"));
+    let read_units = (after.read_units - before.read_units) * scale;
+    let write_units = (after.write_units - before.write_units) * scale;
     json!({
         "api_writes_per_min": round2(writes),
         "status_patches_per_min": round2(api(&|k| k.starts_with("PATCH") && k.ends_with("/status"))),
@@ -190,6 +216,15 @@ fn per_minute(before: &Counts, after: &Counts, window: Duration) -> Value {
         "dynamodb_upserts_per_min": round2((after.upserts - before.upserts) * scale),
         "dynamodb_get_item_per_min": round2((after.get_items - before.get_items) * scale),
         "dynamodb_change_queries_per_min": round2((after.change_queries - before.change_queries) * scale),
+        "dynamodb_read_units_per_min": units_counted.then(|| round2(read_units)),
+        "dynamodb_write_units_per_min": units_counted.then(|| round2(write_units)),
+        // At this rate for a month, on-demand prices.
+        "dynamodb_usd_per_month": units_counted.then(|| round2(
+            (read_units * PRICE_PER_MILLION_RRU + write_units * PRICE_PER_MILLION_WRU)
+                * 60.0
+                * HOURS_PER_MONTH
+                / 1e6
+        )),
     })
 }
 
@@ -197,8 +232,9 @@ async fn one(ctx: &Ctx, exe: &Path, polled: bool, replicas: usize) -> anyhow::Re
     let n = ctx.profile.controller_resources;
     let window = ctx.profile.controller_window;
     let emulator = Emulator::start();
+    let units_counted = exe != ctx.legacy.as_path();
     // Each design on a table it created (0.1 refuses a table without its index).
-    let store = if exe == ctx.legacy.as_path() {
+    let store = if !units_counted {
         tether_testkit::bed::legacy_store(&ctx.legacy).await?
     } else if polled {
         tether_testkit::store::store_without_change_index().await
@@ -265,7 +301,7 @@ async fn one(ctx: &Ctx, exe: &Path, polled: bool, replicas: usize) -> anyhow::Re
     let before = counts(&emulator, &fleet, &gone).await;
     tokio::time::sleep(window).await;
     let after = counts(&emulator, &fleet, &gone).await;
-    let steady = per_minute(&before, &after, window);
+    let steady = per_minute(&before, &after, window, units_counted);
 
     // Failover: kill the leader (tether) or the first replica (0.1); a lone
     // replica is replaced by a new pod, as its Deployment would.
@@ -283,6 +319,8 @@ async fn one(ctx: &Ctx, exe: &Path, polled: bool, replicas: usize) -> anyhow::Re
         upserts: last.upserts,
         get_items: last.get_items,
         change_queries: last.change_queries,
+        read_units: last.read_units,
+        write_units: last.write_units,
     };
     dead.child.kill().await?;
     let killed = Instant::now();
@@ -297,7 +335,7 @@ async fn one(ctx: &Ctx, exe: &Path, polled: bool, replicas: usize) -> anyhow::Re
     }
     tokio::time::sleep(window.saturating_sub(killed.elapsed())).await;
     let after = counts(&emulator, &fleet, &gone).await;
-    let failover = per_minute(&before, &after, window);
+    let failover = per_minute(&before, &after, window, units_counted);
     for mut r in fleet {
         let _ = r.child.kill().await;
     }

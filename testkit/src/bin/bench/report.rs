@@ -70,6 +70,7 @@ fn f(v: &Value) -> String {
     match v.as_f64() {
         Some(x) if x.fract() == 0.0 && x.abs() >= 10.0 => format!("{x:.0}"),
         Some(x) => format!("{x:.2}"),
+        None if v.is_null() => "–".to_string(),
         None => v.to_string(),
     }
 }
@@ -371,7 +372,7 @@ fn markdown(r: &Value) -> String {
     if let Some(c) = res.get("controller") {
         md.push_str(&format!(
             "## Controller load ({} resources served, Kubernetes API emulator, per minute over {} s)\n\n\
-             | design | replicas | phase | API writes | status PATCHes | events | leader Lease requests | DynamoDB upserts | DynamoDB GetItem | change queries |\n|---|---|---|---|---|---|---|---|---|---|\n",
+             | design | replicas | phase | API writes | status PATCHes | events | leader Lease requests | DynamoDB upserts | DynamoDB GetItem | change queries | controller RRU / WRU | controller $/month at this rate |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             c["resources"], f(&c["window_s"])
         ));
         for replicas in [1, 3] {
@@ -380,7 +381,7 @@ fn markdown(r: &Value) -> String {
                 for phase in ["steady", "failover"] {
                     let p = &x[phase];
                     md.push_str(&format!(
-                        "| {design} | {replicas} | {phase} | {} | {} | {} | {} | {} | {} | {} |\n",
+                        "| {design} | {replicas} | {phase} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} |\n",
                         f(&p["api_writes_per_min"]),
                         f(&p["status_patches_per_min"]),
                         f(&p["events_per_min"]),
@@ -388,6 +389,9 @@ fn markdown(r: &Value) -> String {
                         f(&p["dynamodb_upserts_per_min"]),
                         f(&p["dynamodb_get_item_per_min"]),
                         f(&p["dynamodb_change_queries_per_min"]),
+                        f(&p["dynamodb_read_units_per_min"]),
+                        f(&p["dynamodb_write_units_per_min"]),
+                        f(&p["dynamodb_usd_per_month"]),
                     ));
                 }
             }
