@@ -52,6 +52,13 @@ pub fn stat(pid: Option<u32>) -> Option<Stat> {
         || "/proc/self/stat".to_string(),
         |p| format!("/proc/{p}/stat"),
     );
+    stat_at(std::path::Path::new(&path))
+}
+
+/// Reads a `stat` file of that format: a process's, or one thread's
+/// (`/proc/<pid>/task/<tid>/stat`; `/proc/<tid>/stat` counts the whole
+/// process).
+pub fn stat_at(path: &std::path::Path) -> Option<Stat> {
     let stat = std::fs::read_to_string(path).ok()?;
     // Fields after the command name, which is in parentheses and may hold spaces.
     let after = stat.rsplit_once(')')?.1;

@@ -28,6 +28,7 @@ pub fn endpoint() -> (String, &'static str) {
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
+                .thread_name(STORE_THREAD_NAME)
                 .enable_all()
                 .build()
                 .expect("test runtime");
@@ -52,6 +53,28 @@ pub fn endpoint() -> (String, &'static str) {
         rx.recv().expect("embedded store endpoint")
     });
     (ep.clone(), "dynoxide")
+}
+
+/// The embedded store's runtime threads' name (at most 15 bytes: what
+/// `/proc` keeps of it).
+const STORE_THREAD_NAME: &str = "embedded-store";
+
+/// CPU seconds (user and system) the embedded store's threads have used in
+/// this process, so a benchmark can tell the simulated store's share of the
+/// machine from the simulated workers'. `None` off Linux.
+pub fn embedded_store_cpu_seconds() -> Option<f64> {
+    let mut total = 0.0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let task = task.ok()?;
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != STORE_THREAD_NAME {
+            continue;
+        }
+        // A thread that ended meanwhile has nothing more to add.
+        total += tether::process_metrics::stat_at(&task.path().join("stat"))
+            .map_or(0.0, |s| s.cpu_seconds);
+    }
+    Some(total)
 }
 
 /// True when the tests run against an external server (dynalite in CI).

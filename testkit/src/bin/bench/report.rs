@@ -66,6 +66,16 @@ pub fn write(report: &Value, which: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A phase's write units and, of them, those billed for refused writes
+/// (each lost race is one).
+fn units_with_refused(phase: &Value) -> String {
+    format!(
+        "{:.0} / {:.0}",
+        phase["write_units"].as_f64().unwrap_or(0.0),
+        phase["refused_write_units"].as_f64().unwrap_or(0.0)
+    )
+}
+
 fn f(v: &Value) -> String {
     match v.as_f64() {
         Some(x) if x.fract() == 0.0 && x.abs() >= 10.0 => format!("{x:.0}"),
@@ -235,7 +245,16 @@ fn markdown(r: &Value) -> String {
             "---|".repeat(designs.len()),
         ));
         let secs = |v: &Value| v.as_f64().map_or("–".into(), |s| format!("{s:.1} s"));
-        let rows: [Row; 13] = [
+        // Cores the simulation used (of the machine's), and the store's share.
+        let cpu = |c: &Value| {
+            format!(
+                "{:.2} of {} (store {:.2})",
+                c["process_cores"].as_f64().unwrap_or(f64::NAN),
+                c["machine_cores"],
+                c["store_cores"].as_f64().unwrap_or(f64::NAN)
+            )
+        };
+        let rows: [Row; 17] = [
             (
                 "streams loaded into the table before the fleet starts, in",
                 &|d| secs(&d["loaded_in_s"]),
@@ -252,6 +271,10 @@ fn markdown(r: &Value) -> String {
             ("acquires won / lost to another worker then", &|d| {
                 format!("{} / {}", d["acquires_won"], d["acquires_lost_races"])
             }),
+            ("write units then, of them for refused writes", &|d| {
+                units_with_refused(&d["acquisition"])
+            }),
+            ("cores used then", &|d| cpu(&d["acquisition_cpu"])),
             ("hottest key then", &|d| hottest(&d["acquisition"])),
             (
                 "every worker within ±1 of its fair share, after all were owned",
@@ -288,6 +311,10 @@ fn markdown(r: &Value) -> String {
                     d["failover_acquires_won"], d["failover_acquires_lost_races"]
                 )
             }),
+            ("write units then, of them for refused writes", &|d| {
+                units_with_refused(&d["failover"])
+            }),
+            ("cores used then", &|d| cpu(&d["failover_cpu"])),
             ("hottest key then", &|d| hottest(&d["failover"])),
             ("double owners in the store's history", &|d| {
                 d["double_owners"].to_string()

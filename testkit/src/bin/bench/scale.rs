@@ -102,6 +102,42 @@ fn pass_pace(before: (u64, f64), after: (u64, f64), workers: usize, seconds: f64
     json!({"full_passes": count, "per_worker_per_s": per_worker_s, "mean_s": mean_s})
 }
 
+/// CPU time used so far by this process (the simulated workers, the
+/// capacity model and the store) and by the embedded store's threads.
+struct CpuMark {
+    at: Instant,
+    process: Option<f64>,
+    store: Option<f64>,
+}
+
+impl CpuMark {
+    fn now() -> Self {
+        Self {
+            at: Instant::now(),
+            process: tether::process_metrics::stat(None).map(|s| s.cpu_seconds),
+            store: tether_testkit::store::embedded_store_cpu_seconds(),
+        }
+    }
+
+    /// Cores used on average since the mark, in all and by the store, and
+    /// the machine's: a simulation using all of them is paced by this
+    /// machine, not by the protocol.
+    fn cores_since(self) -> Value {
+        let later = Self::now();
+        let seconds = later
+            .at
+            .duration_since(self.at)
+            .as_secs_f64()
+            .max(f64::EPSILON);
+        let cores = |a: Option<f64>, b: Option<f64>| Some((b? - a?) / seconds);
+        json!({
+            "process_cores": cores(self.process, later.process),
+            "store_cores": cores(self.store, later.store),
+            "machine_cores": std::thread::available_parallelism().map_or(0, usize::from),
+        })
+    }
+}
+
 fn held(workers: &[SimWorker]) -> i64 {
     workers.iter().map(SimWorker::held).sum()
 }
@@ -137,6 +173,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     let remembered = model.remember_items(&table).await?;
     println!("scale: the capacity model read {remembered} items");
     let t0 = Instant::now();
+    let cold_cpu = CpuMark::now();
     let mut workers = Vec::new();
     for i in 0..p.scale_workers {
         let store = LeaseStore::connect(
@@ -150,6 +187,8 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     }
     all_held(&workers, n, "acquired", |_| {}).await?;
     let acquire_all = t0.elapsed().as_secs_f64();
+    let cold_cpu = cold_cpu.cores_since();
+    println!("scale: CPU during the cold start: {cold_cpu}");
     let cold_passes = pass_pace((0, 0.0), full_passes(&workers), workers.len(), acquire_all);
     println!("scale: full passes during the cold start: {cold_passes}");
     let (races_won, races_lost) = races(&workers);
@@ -235,6 +274,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     let (won_before, lost_before) = races(&workers[killed..]);
     let killed_at_ms = model.now_ms();
     let t1 = Instant::now();
+    let failover_cpu = CpuMark::now();
     for w in workers.drain(..killed) {
         w.task.abort();
     }
@@ -245,7 +285,13 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     let mut passes_by_second = Vec::new();
     let mut last = (won_before, lost_before);
     let mut last_passes = passes_before;
+    // And the cores the process used in each second (the store's apart).
+    let mut cpu_by_second = Vec::new();
+    let mut last_cpu = CpuMark::now();
     all_held(&workers, n, "owned again", |workers| {
+        let cpu = std::mem::replace(&mut last_cpu, CpuMark::now()).cores_since();
+        let rounded = |v: &Value| (v.as_f64().unwrap_or(f64::NAN) * 100.0).round() / 100.0;
+        cpu_by_second.push((rounded(&cpu["process_cores"]), rounded(&cpu["store_cores"])));
         let now = races(workers);
         races_by_second.push((now.0 - last.0, now.1 - last.1));
         last = now;
@@ -259,9 +305,14 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         "scale: acquires won / lost to another worker in each second of the failover: {races_by_second:?}"
     );
     println!(
+        "scale: cores used (all / the store) in each second of the failover: {cpu_by_second:?}"
+    );
+    println!(
         "scale: full passes finished / their mean ms in each second of the failover: {passes_by_second:?}"
     );
     let failover = t1.elapsed().as_secs_f64();
+    let failover_cpu = failover_cpu.cores_since();
+    println!("scale: CPU during the failover: {failover_cpu}");
     let failover_passes = pass_pace(
         passes_before,
         full_passes(&workers),
@@ -320,6 +371,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         "acquires_lost_races": races_lost,
         "acquire_all_s": acquire_all,
         "acquisition_passes": cold_passes,
+        "acquisition_cpu": cold_cpu,
         "acquisition": during_acquisition,
         "steady": steady,
         "steady_window_s": steady_window.as_secs_f64(),
@@ -335,6 +387,8 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         "failover_taken_over_by_second": taken_by_second,
         "failover_races_by_second": races_by_second,
         "failover_passes": failover_passes,
+        "failover_cpu": failover_cpu,
+        "failover_cpu_by_second": cpu_by_second,
         "failover_passes_by_second": passes_by_second,
         "failover_acquires_won": failover_won,
         "failover_acquires_lost_races": failover_lost,
