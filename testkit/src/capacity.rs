@@ -107,6 +107,7 @@ struct Usage {
     requests_by_target: std::collections::BTreeMap<String, u64>,
     /// Conditional writes refused, and the write units they were billed.
     refused_writes: u64,
+    refused_writes_with_item: u64,
     refused_write_units: f64,
 }
 
@@ -128,6 +129,9 @@ pub struct CapacityReport {
     /// DynamoDB bills each by the size of the item the condition was checked
     /// against, at least one unit; included in `write_units`.
     pub refused_writes: u64,
+    /// Of them, those whose refusal carried the item (a store that does
+    /// not send it, dynalite, is billed the minimum).
+    pub refused_writes_with_item: u64,
     pub refused_write_units: f64,
 }
 
@@ -303,6 +307,7 @@ impl CapacityModel {
             requests: usage.requests_by_target.values().sum(),
             requests_by_target: usage.requests_by_target.clone(),
             refused_writes: usage.refused_writes,
+            refused_writes_with_item: usage.refused_writes_with_item,
             refused_write_units: usage.refused_write_units,
         }
     }
@@ -641,9 +646,10 @@ async fn write(
     // A refusal is billed by the item it was checked against, which the
     // server sends back only when asked: asked for here, and taken out
     // again of an answer to a client that did not ask.
-    let client_wants_item = request.get("ReturnValuesOnConditionCheckFailure").is_some();
+    let client_wants_item =
+        request.get("ReturnValuesOnConditionCheckFailure") == Some(&json!("ALL_OLD"));
     request["ReturnValuesOnConditionCheckFailure"] = json!("ALL_OLD");
-    let (status, out_headers, bytes) = match state.send("", request, Some(headers)).await {
+    let (status, mut out_headers, bytes) = match state.send("", request, Some(headers)).await {
         Ok(answer) => answer,
         Err(code) => {
             // The write may have landed with its answer lost.
@@ -657,11 +663,20 @@ async fn write(
         if !unchanged {
             return Ok((status, out_headers, bytes));
         }
-        let (units, bytes) = refusal(bytes, client_wants_item);
-        state.charge(keys[0].clone(), units, 0.0);
+        let refused = refusal(&bytes, client_wants_item);
+        state.charge(keys[0].clone(), refused.units, 0.0);
         let mut usage = lock(&state.usage);
         usage.refused_writes += 1;
-        usage.refused_write_units += units;
+        usage.refused_writes_with_item += u64::from(refused.carried_item);
+        usage.refused_write_units += refused.units;
+        let bytes = match refused.rewritten {
+            Some(body) => {
+                // The server's checksum was of the body it sent.
+                out_headers.remove("x-amz-crc32");
+                body
+            }
+            None => bytes,
+        };
         return Ok((status, out_headers, bytes));
     }
     let answer: Option<WriteAnswer> = serde_json::from_slice(&bytes).ok();
@@ -735,19 +750,35 @@ async fn write(
 /// written to an index), and its answer as the client asked for it: without
 /// the item unless `client_wants_item`. A server that does not send the item
 /// (dynalite) is billed the minimum.
-fn refusal(bytes: Bytes, client_wants_item: bool) -> (f64, Bytes) {
-    let Ok(Value::Object(mut answer)) = serde_json::from_slice::<Value>(&bytes) else {
-        return (crate::item_size::write_units(0), bytes);
+fn refusal(bytes: &Bytes, client_wants_item: bool) -> Refusal {
+    let Ok(Value::Object(mut answer)) = serde_json::from_slice::<Value>(bytes) else {
+        return Refusal {
+            units: crate::item_size::write_units(0),
+            carried_item: false,
+            rewritten: None,
+        };
     };
-    let size = answer
-        .get("Item")
-        .and_then(Value::as_object)
-        .map_or(0, crate::item_size::item_size);
-    let units = crate::item_size::write_units(size);
-    if client_wants_item || answer.remove("Item").is_none() {
-        return (units, bytes);
+    let item = answer.get("Item").and_then(Value::as_object);
+    let units = crate::item_size::write_units(item.map_or(0, crate::item_size::item_size));
+    let carried_item = item.is_some();
+    let rewritten = (carried_item && !client_wants_item).then(|| {
+        answer.remove("Item");
+        Bytes::from(Value::Object(answer).to_string())
+    });
+    Refusal {
+        units,
+        carried_item,
+        rewritten,
     }
-    (units, Bytes::from(Value::Object(answer).to_string()))
+}
+
+/// A refused write as the model bills and answers it.
+struct Refusal {
+    units: f64,
+    /// The server sent the item the condition was checked against.
+    carried_item: bool,
+    /// The answer without the item, for a client that did not ask for it.
+    rewritten: Option<Bytes>,
 }
 
 /// The partition a query reads: the value compared in its key condition's
@@ -1054,7 +1085,19 @@ mod tests {
             body["TableName"] = json!(chain.table);
             body
         };
-        let (status, answer) = call(&chain.model.endpoint(), "UpdateItem", refused()).await;
+        let request = reqwest::Client::new()
+            .post(chain.model.endpoint())
+            .body(refused().to_string());
+        let answered = own_call(request, "UpdateItem").send().await.unwrap();
+        // The server's checksum was of the body with the item: an answer
+        // rewritten without it must not carry it (clients that check it,
+        // such as botocore, would refuse the answer).
+        assert!(
+            answered.headers().get("x-amz-crc32").is_none(),
+            "{:?}",
+            answered.headers()
+        );
+        let (status, answer) = (answered.status(), answered.text().await.unwrap());
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert!(answer.contains("ConditionalCheckFailed"), "{answer}");
         assert!(!answer.contains("padding"), "not asked for: {answer}");
