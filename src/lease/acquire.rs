@@ -117,10 +117,7 @@ impl LeaseStore {
                         })?;
                     return Ok(acquired(me, record));
                 }
-                // The item as the refused condition saw it; read it (strongly
-                // consistent) only when the refusal did not carry it.
-                Err(Some(item)) => Some(stream_record(&item).map_err(|m| self.malformed(m))?),
-                Err(None) => self.get(key).await?,
+                Err(refused) => self.current_after_refusal(key, refused.as_ref()).await?,
             };
             let Some(current) = current.filter(|c| !c.is_tombstone()) else {
                 return Ok(AcquireOutcome::Gone);

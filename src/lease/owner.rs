@@ -5,7 +5,7 @@
 
 use super::client::LeaseStore;
 use super::clock::now_ms;
-use super::codec::{Item, attr, n, s, served_requests_value, stream_record};
+use super::codec::{Item, attr, n, s, served_requests_value};
 use super::error::StoreError;
 use super::record::{
     DesiredState, Lease, OWNED_EXPIRY_MS, OwnerRequests, OwnerWrite, Ownership, StreamRecord,
@@ -115,10 +115,9 @@ impl LeaseStore {
         lease: &Lease,
         refused: Refused,
     ) -> Result<Found, StoreError> {
-        let current = match refused.0 {
-            Some(item) => Some(stream_record(&item).map_err(|m| self.malformed(m))?),
-            None => self.get(&lease.key).await?,
-        };
+        let current = self
+            .current_after_refusal(&lease.key, refused.0.as_deref())
+            .await?;
         let Some(current) = current else {
             return Ok(Found::Lost);
         };

@@ -54,6 +54,22 @@ impl LeaseStore {
         self.get_as("get_item", key).await
     }
 
+    /// The stream as a refused write's condition saw it: the item the
+    /// refusal carried (`LeaseStore::update_item_or_current`), or, when it
+    /// carried none (no item, or a store that does not send it), the item
+    /// read back, strongly consistent. A refusal's item may be older than a
+    /// read would be, never newer.
+    pub(super) async fn current_after_refusal(
+        &self,
+        key: &StreamKey,
+        refused: Option<&super::codec::Item>,
+    ) -> Result<Option<StreamRecord>, StoreError> {
+        match refused {
+            Some(item) => stream_record(item).map(Some).map_err(|m| self.malformed(m)),
+            None => self.get(key).await,
+        }
+    }
+
     /// [`LeaseStore::get`] by a holder re-reading the stream it holds (told
     /// of a change, or its turn in the audit's sweep): counted apart in the
     /// metrics, so the owners' re-reads and everyone else's reads (the

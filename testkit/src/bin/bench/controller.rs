@@ -155,11 +155,7 @@ async fn counts(emulator: &Emulator, replicas: &[Replica], gone: &Counts) -> Cou
     };
     let mut c = Counts {
         api,
-        upserts: gone.upserts,
-        get_items: gone.get_items,
-        change_queries: gone.change_queries,
-        read_units: gone.read_units,
-        write_units: gone.write_units,
+        ..gone.clone()
     };
     for r in replicas {
         let text = metrics_text(r).await;
@@ -316,11 +312,7 @@ async fn one(ctx: &Ctx, exe: &Path, polled: bool, replicas: usize) -> anyhow::Re
     let last = counts(&emulator, std::slice::from_ref(&dead), &Counts::default()).await;
     let gone = Counts {
         api: BTreeMap::new(),
-        upserts: last.upserts,
-        get_items: last.get_items,
-        change_queries: last.change_queries,
-        read_units: last.read_units,
-        write_units: last.write_units,
+        ..last
     };
     dead.child.kill().await?;
     let killed = Instant::now();

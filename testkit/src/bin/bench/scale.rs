@@ -19,7 +19,7 @@
 //! would throttle: every renewal moves the `by_state` sort key inside the one
 //! partition `STARTED`.
 
-use crate::Ctx;
+use crate::{Ctx, round2};
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -119,23 +119,34 @@ impl CpuMark {
         }
     }
 
-    /// Cores used on average since the mark, in all and by the store, and
-    /// the machine's: a simulation using all of them is paced by this
-    /// machine, not by the protocol.
-    fn cores_since(self) -> Value {
-        let later = Self::now();
+    /// Cores used on average from this mark to `later`, in all and by the
+    /// store, and the machine's: a simulation using all of them is paced by
+    /// this machine, not by the protocol.
+    fn cores_until(&self, later: &CpuMark) -> Cores {
         let seconds = later
             .at
             .duration_since(self.at)
             .as_secs_f64()
             .max(f64::EPSILON);
         let cores = |a: Option<f64>, b: Option<f64>| Some((b? - a?) / seconds);
-        json!({
-            "process_cores": cores(self.process, later.process),
-            "store_cores": cores(self.store, later.store),
-            "machine_cores": std::thread::available_parallelism().map_or(0, usize::from),
-        })
+        Cores {
+            process_cores: cores(self.process, later.process),
+            store_cores: cores(self.store, later.store),
+            machine_cores: std::thread::available_parallelism().map_or(0, usize::from),
+        }
     }
+
+    fn cores_since(&self) -> Cores {
+        self.cores_until(&Self::now())
+    }
+}
+
+/// Cores used over a span (`None` where `/proc` could not be read).
+#[derive(serde::Serialize)]
+struct Cores {
+    process_cores: Option<f64>,
+    store_cores: Option<f64>,
+    machine_cores: usize,
 }
 
 fn held(workers: &[SimWorker]) -> i64 {
@@ -187,7 +198,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     }
     all_held(&workers, n, "acquired", |_| {}).await?;
     let acquire_all = t0.elapsed().as_secs_f64();
-    let cold_cpu = cold_cpu.cores_since();
+    let cold_cpu = json!(cold_cpu.cores_since());
     println!("scale: CPU during the cold start: {cold_cpu}");
     let cold_passes = pass_pace((0, 0.0), full_passes(&workers), workers.len(), acquire_all);
     println!("scale: full passes during the cold start: {cold_passes}");
@@ -289,9 +300,11 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     let mut cpu_by_second = Vec::new();
     let mut last_cpu = CpuMark::now();
     all_held(&workers, n, "owned again", |workers| {
-        let cpu = std::mem::replace(&mut last_cpu, CpuMark::now()).cores_since();
-        let rounded = |v: &Value| (v.as_f64().unwrap_or(f64::NAN) * 100.0).round() / 100.0;
-        cpu_by_second.push((rounded(&cpu["process_cores"]), rounded(&cpu["store_cores"])));
+        let mark = CpuMark::now();
+        let cpu = last_cpu.cores_until(&mark);
+        last_cpu = mark;
+        let rounded = |cores: Option<f64>| cores.map_or(f64::NAN, round2);
+        cpu_by_second.push((rounded(cpu.process_cores), rounded(cpu.store_cores)));
         let now = races(workers);
         races_by_second.push((now.0 - last.0, now.1 - last.1));
         last = now;
@@ -311,7 +324,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         "scale: full passes finished / their mean ms in each second of the failover: {passes_by_second:?}"
     );
     let failover = t1.elapsed().as_secs_f64();
-    let failover_cpu = failover_cpu.cores_since();
+    let failover_cpu = json!(failover_cpu.cores_since());
     println!("scale: CPU during the failover: {failover_cpu}");
     let failover_passes = pass_pace(
         passes_before,
