@@ -203,7 +203,7 @@ impl WorkerMetrics {
         );
         r.register(
             "tether_lease_acquires",
-            "Lease acquire attempts by result",
+            "Lease acquire attempts by result: acquired, taken (another worker won the race), unavailable, error, skipped (not tried: this pass lost a race in the same partition)",
             self.acquires.clone(),
         );
         r.register(

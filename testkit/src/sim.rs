@@ -104,6 +104,24 @@ impl SimWorker {
     }
 }
 
+/// Acquires the workers won (`acquired`) and lost to another worker that
+/// took the stream first (`taken`: each a refused conditional write, billed
+/// as a write unit).
+pub fn races(workers: &[SimWorker]) -> (u64, u64) {
+    let count = |result: &'static str| -> u64 {
+        workers
+            .iter()
+            .map(|w| {
+                w.metrics
+                    .acquires
+                    .get_or_create(&[("result", result)])
+                    .get()
+            })
+            .sum()
+    };
+    (count("acquired"), count("taken"))
+}
+
 /// A simulated worker on `table` with short timings (lease 4 s, heartbeat
 /// 1.5 s, passes every 250 ms), room for `max_connections`, and the metrics
 /// of its own store client (what it read and wrote); `whole`: it reads

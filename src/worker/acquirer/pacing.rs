@@ -33,4 +33,45 @@ impl Pacing {
             false
         }
     }
+
+    /// Returns an acquire taken from `partition` but not tried (the pass
+    /// left the partition to a worker that won a race there).
+    pub(super) fn give_back(&mut self, partition: &str, rate: f64) {
+        if let Some((tokens, _)) = self.buckets.get_mut(partition) {
+            *tokens = (*tokens + 1.0).min(rate);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An acquire a pass chose but left untried (its partition was
+    /// contested) goes back to the bucket, never beyond a second's worth.
+    #[tokio::test(start_paused = true)]
+    async fn an_untried_acquire_goes_back_to_its_bucket_up_to_the_share() {
+        let mut pacing = Pacing::default();
+        assert!(pacing.take("UNOWNED#1", 2.0));
+        assert!(pacing.take("UNOWNED#1", 2.0));
+        assert!(!pacing.take("UNOWNED#1", 2.0), "the share is spent");
+        pacing.give_back("UNOWNED#1", 2.0);
+        assert!(pacing.take("UNOWNED#1", 2.0), "one given back");
+        assert!(!pacing.take("UNOWNED#1", 2.0));
+        for _ in 0..5 {
+            pacing.give_back("UNOWNED#1", 2.0);
+        }
+        assert!(pacing.take("UNOWNED#1", 2.0));
+        assert!(pacing.take("UNOWNED#1", 2.0));
+        assert!(
+            !pacing.take("UNOWNED#1", 2.0),
+            "never more than a second's worth"
+        );
+        pacing.give_back("UNOWNED#2", 2.0);
+        assert!(pacing.take("UNOWNED#2", 2.0) && pacing.take("UNOWNED#2", 2.0));
+        assert!(
+            !pacing.take("UNOWNED#2", 2.0),
+            "nothing given to a bucket never taken from"
+        );
+    }
 }

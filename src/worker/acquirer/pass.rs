@@ -74,6 +74,27 @@ pub(super) struct Candidate {
     pub(super) source: String,
 }
 
+/// Source partitions where an acquire of this pass lost its race: another
+/// worker is taking from the same stretch of that partition right now, so
+/// this pass tries no more of its streams there (they are found again by the
+/// next pass's read, without the ones the other worker took). Each lost race
+/// is a refused conditional write, billed and a request spent, and in a
+/// takeover the workers reading one partition used to lose more than they won.
+#[derive(Default)]
+struct Contested(std::sync::Mutex<HashSet<String>>);
+
+impl Contested {
+    fn holds(&self, source: &str) -> bool {
+        self.0.lock().is_ok_and(|set| set.contains(source))
+    }
+
+    fn add(&self, source: &str) {
+        if let Ok(mut set) = self.0.lock() {
+            set.insert(source.to_string());
+        }
+    }
+}
+
 pub(crate) struct Acquirer {
     pub(super) ctx: Arc<Shared>,
     pub(super) me: Incarnation,
@@ -485,9 +506,13 @@ impl Acquirer {
         let store = &self.ctx.store;
         let me = &self.me;
         let fence = &self.fence;
-        let results: Vec<(Candidate, Result<AcquireOutcome, StoreError>)> =
+        let contested = &Contested::default();
+        let results: Vec<(Candidate, Option<Result<AcquireOutcome, StoreError>>)> =
             futures::stream::iter(chosen)
                 .map(|c| async move {
+                    if contested.holds(&c.source) {
+                        return (c, None);
+                    }
                     // Never past the fence: an answer after it could not be acted on.
                     let r = tokio::select! {
                         r = Box::pin(store.acquire(&c.record, &c.from, me)) => r,
@@ -496,13 +521,25 @@ impl Acquirer {
                             detail: "acquire still pending when the fence closed".into(),
                         }),
                     };
-                    (c, r)
+                    if matches!(r, Ok(AcquireOutcome::Taken { .. })) {
+                        contested.add(&c.source);
+                    }
+                    (c, Some(r))
                 })
                 .buffer_unordered(ACQUIRE_CONCURRENCY)
                 .collect()
                 .await;
         let (mut won, mut lost) = (0, 0);
         for (c, result) in results {
+            let Some(result) = result else {
+                self.pacing.give_back(&c.source, rate);
+                self.ctx
+                    .metrics
+                    .acquires
+                    .get_or_create(&[("result", "skipped")])
+                    .inc();
+                continue;
+            };
             match &result {
                 Ok(AcquireOutcome::Acquired { .. }) => won += 1,
                 Ok(AcquireOutcome::Taken { .. }) => lost += 1,

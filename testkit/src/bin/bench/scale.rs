@@ -31,7 +31,7 @@ use tether::metrics::StoreMetrics;
 use tether_testkit::bed::{BedOptions, loopback};
 use tether_testkit::capacity::{CapacityModel, HistoryEntry, double_owners};
 use tether_testkit::fixtures::log_spec;
-use tether_testkit::sim::{self, SimWorker};
+use tether_testkit::sim::{self, SimWorker, races};
 use tether_testkit::store::endpoint;
 use tokio::time::Instant;
 
@@ -49,23 +49,6 @@ fn spread(workers: &[SimWorker], n: usize) -> f64 {
         .iter()
         .map(|w| (w.held() as f64 - mean).abs())
         .fold(0.0, f64::max)
-}
-
-/// Acquires the workers won, and lost to another worker that took the
-/// stream first (each a refused conditional write, billed as a write unit).
-fn races(workers: &[SimWorker]) -> (u64, u64) {
-    let count = |result: &'static str| -> u64 {
-        workers
-            .iter()
-            .map(|w| {
-                w.metrics
-                    .acquires
-                    .get_or_create(&[("result", result)])
-                    .get()
-            })
-            .sum()
-    };
-    (count("acquired"), count("taken"))
 }
 
 /// The worker id of the `i`th simulated worker (the first ones crash).
