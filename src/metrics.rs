@@ -203,7 +203,7 @@ impl WorkerMetrics {
         );
         r.register(
             "tether_lease_acquires",
-            "Lease acquire attempts by result: acquired, taken (another worker won the race), unavailable, error, resolved (an unanswered one found to have landed), adopted (found owned by the audit), skipped (not tried: this pass lost a race in the same stretch of a partition)",
+            "Lease acquire attempts by result: acquired, taken (another worker won the race), unavailable, error, resolved (an unanswered one found to have landed), adopted (found owned by the audit), skipped (not tried: this pass kept losing races in the same partition)",
             self.acquires.clone(),
         );
         r.register(

@@ -74,7 +74,7 @@ impl Default for Spread {
 impl Spread {
     /// Notes how this pass's acquires went: `won`, `lost` to another
     /// worker that took the stream first, and `skipped` (left untried in a
-    /// partition where a race was lost). A pass that skipped any saw
+    /// partition where this pass kept losing races: `Contested`). A pass that skipped any saw
     /// contention its few answered races understate, so it never narrows.
     pub(super) fn raced(&mut self, won: usize, lost: usize, skipped: usize) {
         if lost * 3 > (won + lost) {
