@@ -33,7 +33,7 @@ async fn workers_that_lose_a_race_in_a_partition_leave_the_rest_of_it_for_the_pa
     .unwrap();
     let (won, lost) = sim::races(&fleet);
     eprintln!("{won} acquires won, {lost} lost their race");
-    assert!(won >= STREAMS as u64, "{won} acquired");
+    assert!(won >= STREAMS as u64, "{won} won");
     assert!(
         lost * 2 <= won,
         "{lost} acquires lost their race for {won} won: workers kept trying streams another worker was taking"

@@ -4,7 +4,7 @@
 //! loopback (the 100,000-stream run is a lease-only simulation in one process,
 //! through a capacity model of DynamoDB partitions).
 //!
-//!   scripts/bench [all|failover|rolling|join|chaos|cost|scale|restart|controller|sessions|storm|throughput|sinks] [--quick] [--seed N] [--scale-streams N]
+//!   scripts/bench [all|failover|rolling|join|chaos|cost|scale|restart|controller|sessions|storm|throughput|sinks] [--quick] [--seed N] [--scale-streams N] [--scale-workers N]
 //!
 //! Prints a table and writes JSON + Markdown under bench/results/.
 
@@ -168,6 +168,14 @@ async fn main() -> anyhow::Result<()> {
         .position(|a| a == "--scale-streams")
         .and_then(|i| args.get(i + 1))
         .and_then(|s| s.parse().ok());
+    // A small fleet (2-4 workers) reads every partition whole; the default
+    // profiles run 10 and 20.
+    let scale_workers: Option<usize> = args
+        .iter()
+        .position(|a| a == "--scale-workers")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| n >= 2);
     let which = args
         .iter()
         .find(|a| !a.starts_with("--") && a.parse::<u64>().is_err())
@@ -194,6 +202,9 @@ async fn main() -> anyhow::Result<()> {
     };
     if let Some(n) = scale_streams {
         profile.scale_streams = n;
+    }
+    if let Some(n) = scale_workers {
+        profile.scale_workers = n;
     }
     let ctx = Ctx {
         profile,
