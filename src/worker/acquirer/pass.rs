@@ -93,8 +93,9 @@ pub(super) struct Candidate {
 ///   races only once each has tried about two thirds of it: a small fleet,
 ///   which reads every partition whole, takes a dead peer's streams about
 ///   as fast as before.
-struct Contested {
-    partial_reads: HashSet<String>,
+struct Contested<'a> {
+    /// This pass's orphan partitions read in part (`Acquirer::partial_reads`).
+    partial_reads: &'a HashSet<String>,
     /// Per source partition, acquires answered this pass: won, lost.
     answered: std::sync::Mutex<HashMap<String, (u32, u32)>>,
 }
@@ -102,8 +103,8 @@ struct Contested {
 /// Races lost in a partition read whole before a pass may leave it.
 const WHOLE_READ_LOSSES: u32 = 2;
 
-impl Contested {
-    fn new(partial_reads: HashSet<String>) -> Self {
+impl<'a> Contested<'a> {
+    fn new(partial_reads: &'a HashSet<String>) -> Self {
         Self {
             partial_reads,
             answered: std::sync::Mutex::default(),
@@ -193,7 +194,8 @@ pub(crate) struct Acquirer {
     /// Where bounded reads of orphan partitions start.
     pub(super) spread: super::sampling::Spread,
     /// Orphan partitions this pass read only in part (a bounded read that
-    /// did not reach every item): see `Contested`.
+    /// did not reach every item), emptied as each pass starts: see
+    /// `Contested`.
     pub(super) partial_reads: HashSet<String>,
     /// The fleet's recent peak total, which handoffs are computed from.
     pub(super) peak_total: super::peak_total::PeakTotal,
@@ -494,7 +496,6 @@ impl Acquirer {
 
     /// Acquires what the policy allows, concurrently, paced per source partition.
     async fn acquire(&mut self, candidates: Vec<Candidate>) {
-        let partial_reads = std::mem::take(&mut self.partial_reads);
         let held = self.registry.len();
         let capacity = self.ctx.settings.max_connections.saturating_sub(held);
         let mut seen = HashSet::new();
@@ -555,7 +556,7 @@ impl Acquirer {
         let store = &self.ctx.store;
         let me = &self.me;
         let fence = &self.fence;
-        let contested = &Contested::new(partial_reads);
+        let contested = &Contested::new(&self.partial_reads);
         let results: Vec<(Candidate, Option<Result<AcquireOutcome, StoreError>>)> =
             futures::stream::iter(chosen)
                 .map(|c| async move {
@@ -582,23 +583,14 @@ impl Acquirer {
                 .await;
         let (mut won, mut lost, mut skipped) = (0, 0, 0);
         for (c, result) in results {
-            let Some(result) = result else {
-                skipped += 1;
-                self.pacing.give_back(&c.source, rate);
-                self.ctx
-                    .metrics
-                    .acquires
-                    .get_or_create(&[("result", "skipped")])
-                    .inc();
-                continue;
-            };
-            match &result {
-                Ok(AcquireOutcome::Acquired { .. }) => won += 1,
-                Ok(AcquireOutcome::Taken { .. }) => lost += 1,
-                _ => {}
-            }
             let label = match result {
-                Ok(AcquireOutcome::Acquired { lease, record }) => {
+                None => {
+                    skipped += 1;
+                    self.pacing.give_back(&c.source, rate);
+                    "skipped"
+                }
+                Some(Ok(AcquireOutcome::Acquired { lease, record })) => {
+                    won += 1;
                     self.record_takeover(&c);
                     let dead_owner_checkpoint = match &c.from {
                         AcquireFrom::Dead { checkpoint, .. } => *checkpoint,
@@ -613,9 +605,12 @@ impl Acquirer {
                     self.adopt(lease, *record, dead_owner_checkpoint);
                     "acquired"
                 }
-                Ok(AcquireOutcome::Taken { .. }) => "taken",
-                Ok(AcquireOutcome::NotStarted | AcquireOutcome::Gone) => "unavailable",
-                Err(e) => {
+                Some(Ok(AcquireOutcome::Taken { .. })) => {
+                    lost += 1;
+                    "taken"
+                }
+                Some(Ok(AcquireOutcome::NotStarted | AcquireOutcome::Gone)) => "unavailable",
+                Some(Err(e)) => {
                     // No answer: it may have landed. Resolve it next pass.
                     tracing::warn!(stream = %c.record.key, error = %e, "acquire got no answer; resolving on the next pass");
                     self.pending
