@@ -157,25 +157,12 @@ async fn main() -> anyhow::Result<()> {
         return bare::run(template, args.get(2).map(String::as_str)).await;
     }
     let quick = args.iter().any(|a| a == "--quick");
-    let seed = args
-        .iter()
-        .position(|a| a == "--seed")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(42);
-    let scale_streams: Option<usize> = args
-        .iter()
-        .position(|a| a == "--scale-streams")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok());
+    let seed = flag_value(&args, "--seed").unwrap_or(42);
+    let scale_streams: Option<usize> = flag_value(&args, "--scale-streams");
     // A small fleet (2-4 workers) reads every partition whole; the default
     // profiles run 10 and 20.
-    let scale_workers: Option<usize> = args
-        .iter()
-        .position(|a| a == "--scale-workers")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
-        .filter(|&n| n >= 2);
+    let scale_workers: Option<usize> =
+        flag_value(&args, "--scale-workers").filter(|&n: &usize| n >= 2);
     let which = args
         .iter()
         .find(|a| !a.starts_with("--") && a.parse::<u64>().is_err())
@@ -297,6 +284,15 @@ fn save(
 /// socket and the probe it orders closes by) for 10,000 sessions, next to the
 /// store, the sinks and the workers' children, which inherit the limit.
 const WANTED_FDS: u64 = 65_536;
+
+/// The value after `name` on the command line, when there is one and it
+/// parses; otherwise `None` (the profile's own value stands).
+fn flag_value<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+}
 
 fn raise_fd_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
