@@ -19,7 +19,12 @@ use crate::crd::DataFormat;
 /// [`DataFormat::Json`] each entry is `{"seq":…,"json":…}`.
 pub fn batch_json(batch: &Batch<'_>, format: DataFormat) -> Vec<u8> {
     let text = batch.messages.text_bytes() + 32 * batch.messages.len();
-    let longest = batch.messages.iter().map(|m| m.data.len()).max();
+    // Room for the escaper: messages are escaped only as strings (as values
+    // they are copied), the names always.
+    let longest = match format {
+        DataFormat::String => batch.messages.iter().map(|m| m.data.len()).max(),
+        DataFormat::Json => None,
+    };
     let escaped = longest
         .unwrap_or_default()
         .max(batch.connection.len())
@@ -118,8 +123,9 @@ fn push_str(out: &mut Vec<u8>, text: &str) {
 const SIMD_ESCAPE_MAX: usize = 16 * 1024;
 
 /// The most [`push_str`] reserves past the end of the buffer for texts of
-/// up to `len` bytes (the SIMD escaper's bound), so a body sized with it is
-/// not reallocated while it is written.
+/// up to `len` bytes (the SIMD escaper's bound). A body sized with it is not
+/// reallocated for the room alone; text that grows a lot when escaped (many
+/// quotes) can still outgrow it, as it could before.
 fn escape_room(len: usize) -> usize {
     len.min(SIMD_ESCAPE_MAX) * 6 + 35
 }
@@ -182,6 +188,33 @@ mod tests {
     fn strings_are_escaped_byte_for_byte_as_serde_json_escapes_them() {
         for s in strings() {
             escapes_as_serde_json(&s);
+        }
+    }
+
+    /// One character that needs escaping at every offset of a long clean
+    /// text, and two of them at every gap, so that every block of every
+    /// width the SIMD escaper loads (and its tail) holds one somewhere.
+    #[test]
+    fn escapes_at_every_offset_and_gap_of_a_long_text() {
+        let clean = "abcdefghijklmnopqrstuvwxyz0123456789é".repeat(8);
+        let clean: String = clean.chars().take(300).collect();
+        for special in ['"', '\\', '\n', '\u{1}', '\u{1f}'] {
+            for at in 0..=clean.chars().count() {
+                let mut s: String = clean.chars().take(at).collect();
+                s.push(special);
+                s.extend(clean.chars().skip(at));
+                escapes_as_serde_json(&s);
+            }
+        }
+        for first in [0, 13, 31, 63, 127] {
+            for gap in 0..140 {
+                let mut s: String = clean.chars().take(first).collect();
+                s.push('"');
+                s.extend(clean.chars().skip(first).take(gap));
+                s.push('\\');
+                s.extend(clean.chars().skip(first + gap));
+                escapes_as_serde_json(&s);
+            }
         }
     }
 
@@ -307,6 +340,27 @@ mod tests {
         assert_eq!(
             serde_json::from_slice::<serde_json::Value>(&record).unwrap()["data"],
             text.as_str()
+        );
+        // As a value it is copied, not escaped: no room is kept for escaping.
+        let value = format!("\"{text}\"");
+        let messages: Pending = [Message {
+            seq: 1,
+            data: &value,
+        }]
+        .into_iter()
+        .collect();
+        let body = batch_json(
+            &Batch {
+                messages: &messages,
+                ..batch
+            },
+            DataFormat::Json,
+        );
+        assert!(
+            body.capacity() < value.len() + 1024,
+            "{} bytes held for a {}-byte value",
+            body.capacity(),
+            value.len()
         );
     }
 
