@@ -6,8 +6,9 @@
 //! payload — is escaped by a SIMD escaper ([`push_str`]): a saturated
 //! session spent a fifth of its CPU in `serde_json`'s byte-at-a-time string
 //! escaper, and a record no longer builds a `serde_json::Value` (a map and a
-//! copy of the text) per message. With [`DataFormat::Json`] the text is not escaped at
-//! all: the session has checked it is JSON, so it is copied in as a value.
+//! copy of the text) per message. With [`DataFormat::Json`] the text is not
+//! escaped at all: the session has checked it is JSON, so it is copied in as
+//! a value.
 //! Integers go through `itoa`, not `core::fmt` (a few percent of a
 //! saturated session).
 
@@ -19,17 +20,8 @@ use crate::crd::DataFormat;
 /// [`DataFormat::Json`] each entry is `{"seq":…,"json":…}`.
 pub fn batch_json(batch: &Batch<'_>, format: DataFormat) -> Vec<u8> {
     let text = batch.messages.text_bytes() + 32 * batch.messages.len();
-    // Room for the escaper: messages are escaped only as strings (as values
-    // they are copied), the names always.
-    let longest = match format {
-        DataFormat::String => batch.messages.iter().map(|m| m.data.len()).max(),
-        DataFormat::Json => None,
-    };
-    let escaped = longest
-        .unwrap_or_default()
-        .max(batch.connection.len())
-        .max(batch.worker.len());
-    let mut out = Vec::with_capacity(text + 128 + escape_room(escaped));
+    let room = escape_room(batch, format, batch.messages.iter());
+    let mut out = Vec::with_capacity(text + 128 + room);
     out.extend_from_slice(br#"{"connection":"#);
     push_str(&mut out, batch.connection);
     out.extend_from_slice(br#","worker":"#);
@@ -54,13 +46,8 @@ pub fn batch_json(batch: &Batch<'_>, format: DataFormat) -> Vec<u8> {
 /// stream, the owner and its token travel with the data. Keys in sorted
 /// order, as a `serde_json::Value` map writes them.
 pub fn record_json(batch: &Batch<'_>, message: &Message, format: DataFormat) -> Vec<u8> {
-    let escaped = message
-        .data
-        .len()
-        .max(batch.connection.len())
-        .max(batch.worker.len());
-    let mut out =
-        Vec::with_capacity(message.data.len() + batch.connection.len() + 96 + escape_room(escaped));
+    let room = escape_room(batch, format, std::iter::once(*message));
+    let mut out = Vec::with_capacity(message.data.len() + batch.connection.len() + 96 + room);
     out.extend_from_slice(br#"{"connection":"#);
     push_str(&mut out, batch.connection);
     // `data` and `json` both sort between `connection` and `seq`.
@@ -122,11 +109,25 @@ fn push_str(out: &mut Vec<u8>, text: &str) {
 /// ahead stays under 100 KiB.
 const SIMD_ESCAPE_MAX: usize = 16 * 1024;
 
-/// The most [`push_str`] reserves past the end of the buffer for texts of
-/// up to `len` bytes (the SIMD escaper's bound). A body sized with it is not
-/// reallocated for the room alone; text that grows a lot when escaped (many
-/// quotes) can still outgrow it, as it could before.
-fn escape_room(len: usize) -> usize {
+/// The most [`push_str`] reserves past the end of the buffer (the SIMD
+/// escaper's bound) for the longest text it is given in a payload: the
+/// batch's names, and `messages` when they travel as strings (as values
+/// they are copied). A payload sized with it is not reallocated for the room
+/// alone; text that grows a lot when escaped (many quotes) can still outgrow
+/// it, as it could before.
+fn escape_room<'a>(
+    batch: &Batch<'_>,
+    format: DataFormat,
+    messages: impl Iterator<Item = Message<'a>>,
+) -> usize {
+    let longest = match format {
+        DataFormat::String => messages.map(|m| m.data.len()).max(),
+        DataFormat::Json => None,
+    };
+    let len = longest
+        .unwrap_or_default()
+        .max(batch.connection.len())
+        .max(batch.worker.len());
     len.min(SIMD_ESCAPE_MAX) * 6 + 35
 }
 
