@@ -36,13 +36,19 @@ impl HttpSink {
     pub async fn deliver(&self, batch: &Batch<'_>) -> Result<(), SinkError> {
         let mut headers = reqwest::header::HeaderMap::new();
         crate::telemetry::inject_http(&mut headers);
+        // A session's batch is its body already (`Sink::new_batch`); one
+        // that holds texts is written out here.
+        let body = match batch.messages.body() {
+            Some(body) => reqwest::Body::from(body.clone()),
+            None => batch_json(batch, self.data_format).into(),
+        };
         let response = self
             .client
             .post(&self.url)
             .timeout(self.batching.timeout)
             .headers(headers)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(batch_json(batch, self.data_format))
+            .body(body)
             .send()
             .await
             .map_err(|e| SinkError::Transport(root_cause(&e)))?;

@@ -6,6 +6,7 @@ mod batch;
 mod clients;
 mod encode;
 mod http;
+mod json_bytes;
 mod kinesis;
 mod log;
 mod nats;
@@ -86,6 +87,18 @@ impl Sink {
             Self::Http(s) => s.data_format,
             Self::Kinesis(s) => s.data_format,
             Self::Log(_) | Self::Nats(_) => DataFormat::String,
+        }
+    }
+
+    /// An empty batch for this sink's deliveries from `connection` by
+    /// `worker` under `token`: the HTTP sink's is written as its body while
+    /// the messages arrive ([`Pending::http_body`]), each message copied or
+    /// escaped once, straight from its frame, as a plain forwarder copies
+    /// it; the others hold texts.
+    pub fn new_batch(&self, connection: &str, worker: &str, token: u64) -> Pending {
+        match self {
+            Self::Http(s) => Pending::http_body(connection, worker, token, s.data_format),
+            _ => Pending::default(),
         }
     }
 

@@ -49,6 +49,13 @@ pub(super) struct Delivery<'a> {
 }
 
 impl Delivery<'_> {
+    /// An empty batch for this sink, stream, worker and token (the HTTP
+    /// sink's is written as its body as the messages arrive).
+    pub(super) fn new_batch(&self) -> Pending {
+        self.sink
+            .new_batch(self.connection, self.worker, self.token)
+    }
+
     /// Delivers `batch` until the sink acknowledges it, then advances the
     /// checkpoint and clears the batch.
     pub(super) async fn deliver(&self, batch: &mut Pending) -> Result<(), Undelivered> {
@@ -63,6 +70,9 @@ impl Delivery<'_> {
             if !self.fence.is_valid() {
                 return Err(Undelivered::Fenced);
             }
+            // A batch written as its body is finished once, before its
+            // first attempt (again after a partial retry changed it).
+            batch.seal();
             let payload = Batch {
                 connection: self.connection,
                 worker: self.worker,

@@ -463,7 +463,7 @@ async fn pump(
         pointer: pointer.as_ref(),
         json_only: sink.data_format() == DataFormat::Json,
         high_water: checkpoint,
-        batch: Pending::default(),
+        batch: delivery.new_batch(),
         received: 0,
         bytes: 0,
     };

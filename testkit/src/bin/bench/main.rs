@@ -157,12 +157,14 @@ async fn main() -> anyhow::Result<()> {
         return bare::run(template, args.get(2).map(String::as_str)).await;
     }
     let quick = args.iter().any(|a| a == "--quick");
-    let seed = flag_value(&args, "--seed").unwrap_or(42);
-    let scale_streams: Option<usize> = flag_value(&args, "--scale-streams");
+    let seed = flag_value(&args, "--seed")?.unwrap_or(42);
+    let scale_streams: Option<usize> = flag_value(&args, "--scale-streams")?;
     // A small fleet (2-4 workers) reads every partition whole; the default
-    // profiles run 10 and 20.
-    let scale_workers: Option<usize> =
-        flag_value(&args, "--scale-workers").filter(|&n: &usize| n >= 2);
+    // profiles run 10 and 20. The failover crashes workers: one must stay.
+    let scale_workers: Option<usize> = flag_value(&args, "--scale-workers")?;
+    if let Some(n) = scale_workers.filter(|&n| n < 2) {
+        bail!("--scale-workers {n}: at least 2 (the failover crashes some and needs one left)");
+    }
     let which = args
         .iter()
         .find(|a| !a.starts_with("--") && a.parse::<u64>().is_err())
@@ -285,13 +287,21 @@ fn save(
 /// store, the sinks and the workers' children, which inherit the limit.
 const WANTED_FDS: u64 = 65_536;
 
-/// The value after `name` on the command line, when there is one and it
-/// parses; otherwise `None` (the profile's own value stands).
-fn flag_value<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
+/// The value after `name` on the command line: `None` when the flag is not
+/// given (the profile's own value stands), an error when it is given
+/// without a value that parses (a run with a setting other than the one
+/// asked for would be mistaken for it).
+fn flag_value<T: std::str::FromStr>(args: &[String], name: &str) -> anyhow::Result<Option<T>> {
+    let Some(at) = args.iter().position(|a| a == name) else {
+        return Ok(None);
+    };
+    let value = args
+        .get(at + 1)
+        .with_context(|| format!("{name} needs a value"))?;
+    match value.parse() {
+        Ok(v) => Ok(Some(v)),
+        Err(_) => bail!("{name} {value}: not a whole number"),
+    }
 }
 
 fn raise_fd_limit() {
@@ -330,5 +340,31 @@ pub async fn stop_all(workers: &mut [WorkerProcess]) {
     }
     for w in workers.iter_mut() {
         let _ = w.wait(Duration::from_secs(30)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::flag_value;
+
+    fn args(of: &[&str]) -> Vec<String> {
+        of.iter().map(|a| a.to_string()).collect()
+    }
+
+    #[test]
+    fn a_flag_is_read_when_given_and_refused_without_a_usable_value() {
+        let given = args(&["scale", "--scale-workers", "3"]);
+        assert_eq!(
+            flag_value::<usize>(&given, "--scale-workers").unwrap(),
+            Some(3)
+        );
+        assert_eq!(flag_value::<usize>(&given, "--seed").unwrap(), None);
+        for bad in [
+            &["scale", "--scale-workers"][..],
+            &["--scale-workers", "two"],
+        ] {
+            let error = flag_value::<usize>(&args(bad), "--scale-workers").unwrap_err();
+            assert!(error.to_string().contains("--scale-workers"), "{error}");
+        }
     }
 }
