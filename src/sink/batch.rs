@@ -35,9 +35,10 @@ pub struct Message<'a> {
 pub struct Pending {
     text: String,
     entries: Vec<Entry>,
-    /// Bytes the last batch held, reserved at once by the next one's first
-    /// message: a busy session's buffer is not grown (and copied) step by
-    /// step, and an idle one's stays small.
+    /// Bytes the last batch held (its texts, or its whole body), reserved at
+    /// once by the next one's first message (a body a quarter more): a busy
+    /// session's buffer is not grown (and copied) step by step, and an idle
+    /// one's stays small.
     last_bytes: usize,
     /// Set when the batch is written as the HTTP sink's body.
     body: Option<Box<Body>>,
@@ -88,11 +89,6 @@ impl Pending {
         }
     }
 
-    /// True unless the batch is written as a body ([`Pending::http_body`]).
-    pub fn holds_texts(&self) -> bool {
-        self.body.is_none()
-    }
-
     pub fn push(&mut self, seq: u64, text: &str) {
         let (start, end) = match self.body.as_deref_mut() {
             None => {
@@ -105,16 +101,28 @@ impl Pending {
                 (start, self.text.len())
             }
             Some(body) => {
-                debug_assert!(body.sealed.is_none(), "a sealed batch is not added to");
+                // Added to after it was sealed (no session does that): the
+                // body is opened again, so what is sent next holds every
+                // message the batch does.
+                if let Some(sealed) = body.sealed.take() {
+                    body.bytes = Vec::from(sealed);
+                    body.bytes
+                        .truncate(body.bytes.len() - json_bytes::BODY_TAIL.len());
+                }
                 if body.bytes.is_empty() {
                     // A quarter more than the last body held (or this
-                    // message), and the escaper's room for this message: a
-                    // busy session's body is not copied into a larger buffer
-                    // near its end.
+                    // message), and with the default format the escaper's
+                    // room for this message: a busy session's body is not
+                    // copied into a larger buffer near its end. (The body is
+                    // sent from this buffer, so the spare room is held while
+                    // it is in flight.)
                     let entries = (self.last_bytes + self.last_bytes / 4)
                         .max(text.len() + 64)
                         .max(Self::FIRST_RESERVE);
-                    let room = json_bytes::escape_room(text.len());
+                    let room = match body.format {
+                        DataFormat::String => json_bytes::escape_room(text.len()),
+                        DataFormat::Json => 0,
+                    };
                     body.bytes.reserve(body.head.len() + entries + room);
                     body.bytes.extend_from_slice(&body.head);
                 } else {
@@ -147,6 +155,22 @@ impl Pending {
     /// The finished HTTP body of a sealed batch ([`Pending::seal`]).
     pub fn body(&self) -> Option<&Bytes> {
         self.body.as_ref()?.sealed.as_ref()
+    }
+
+    /// A copy of the body a batch written as one holds, finished, sealed or
+    /// not (`None` for a batch of texts).
+    pub fn body_copy(&self) -> Option<Vec<u8>> {
+        let body = self.body.as_deref()?;
+        if let Some(sealed) = &body.sealed {
+            return Some(sealed.to_vec());
+        }
+        let mut out = if self.entries.is_empty() {
+            body.head.to_vec()
+        } else {
+            body.bytes.clone()
+        };
+        out.extend_from_slice(json_bytes::BODY_TAIL);
+        Some(out)
     }
 
     pub fn len(&self) -> usize {
@@ -547,6 +571,47 @@ mod tests {
             );
             assert_eq!(pending.get(0).seq, 4);
         }
+    }
+
+    /// A message added after the batch was sealed (no session does that)
+    /// is in the body sent next, as every message the batch holds is; and
+    /// the body's copy is the body, sealed or not.
+    #[test]
+    fn a_body_added_to_after_it_was_sealed_holds_every_message() {
+        let messages = [(1, "one"), (2, "t\"wo"), (3, "three")];
+        let mut pending = as_body(&messages[..2], DataFormat::String);
+        assert_eq!(
+            pending.body_copy().unwrap(),
+            body_of_texts(&messages[..2], DataFormat::String)
+        );
+        pending.seal();
+        pending.push(messages[2].0, messages[2].1);
+        assert_eq!(pending.body(), None);
+        let whole = body_of_texts(&messages, DataFormat::String);
+        assert_eq!(pending.body_copy().unwrap(), whole);
+        pending.seal();
+        assert_eq!(&pending.body().unwrap()[..], &whole[..]);
+        assert_eq!(pending.body_copy().unwrap(), whole);
+        assert_eq!(pending.get(2).seq, 3);
+        let empty = Pending::http_body("ns/na\"me", "w-1\\x", u64::MAX, DataFormat::Json);
+        assert_eq!(
+            empty.body_copy().unwrap(),
+            body_of_texts(&[], DataFormat::Json)
+        );
+    }
+
+    /// Copied as a value, a message needs no room for escaping: a 1 MiB
+    /// value's body holds about its size.
+    #[test]
+    fn a_body_of_values_keeps_no_room_for_escaping() {
+        let value = format!("\"{}\"", "0123456789abcdef".repeat(64 * 1024));
+        let pending = as_body(&[(1, &value)], DataFormat::Json);
+        let held = pending.body.as_ref().unwrap().bytes.capacity();
+        assert!(
+            held < value.len() + 1024,
+            "{held} bytes held for a {}-byte value",
+            value.len()
+        );
     }
 
     /// The escaper's room is bounded (`json_bytes::push_str`): a 1 MiB

@@ -36,8 +36,8 @@ impl HttpSink {
     pub async fn deliver(&self, batch: &Batch<'_>) -> Result<(), SinkError> {
         let mut headers = reqwest::header::HeaderMap::new();
         crate::telemetry::inject_http(&mut headers);
-        // A session's batch is its body already (`Sink::new_batch`); one
-        // that holds texts is written out here.
+        // A session's batch is its body already (`Sink::new_batch`, sealed
+        // by the delivery); any other is written out here.
         let body = match batch.messages.body() {
             Some(body) => reqwest::Body::from(body.clone()),
             None => batch_json(batch, self.data_format).into(),

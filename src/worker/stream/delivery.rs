@@ -228,43 +228,66 @@ mod tests {
         format!("http://{addr}/")
     }
 
-    /// A sink on a real socket that answers every request with 200, `delay` late.
-    async fn slow_sink(delay: Duration) -> String {
+    /// The body of the next request on `socket`, once its headers and as
+    /// many bytes as their content length says are in; `None` when the
+    /// client hung up first.
+    async fn read_body(socket: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = socket.read(&mut buf).await.ok().filter(|&n| n > 0)?;
+            request.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&request).to_ascii_lowercase();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let length = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                if request.len() >= end + 4 + length {
+                    return Some(request[end + 4..end + 4 + length].to_vec());
+                }
+            }
+        }
+    }
+
+    /// A sink on a real socket that answers the requests it is sent, in
+    /// order, with `failures` and then 200, each `delay` late, and keeps
+    /// every body it was sent.
+    async fn recording_sink(
+        delay: Duration,
+        failures: Vec<u16>,
+    ) -> (String, std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>) {
         use tokio::io::AsyncWriteExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = bodies.clone();
         tokio::spawn(async move {
             while let Ok((mut socket, _)) = listener.accept().await {
+                let (bodies, failures) = (kept.clone(), failures.clone());
                 tokio::spawn(async move {
-                    let mut request = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    // Headers, then the body (its length is in them).
-                    while let Ok(n) = socket.read(&mut buf).await {
-                        if n == 0 {
+                    while let Some(body) = read_body(&mut socket).await {
+                        let status = {
+                            let mut bodies = bodies.lock().unwrap();
+                            bodies.push(body);
+                            failures.get(bodies.len() - 1).copied().unwrap_or(200)
+                        };
+                        tokio::time::sleep(delay).await;
+                        let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n");
+                        if socket.write_all(answer.as_bytes()).await.is_err() {
                             return;
                         }
-                        request.extend_from_slice(&buf[..n]);
-                        let text = String::from_utf8_lossy(&request).to_ascii_lowercase();
-                        if let Some(end) = text.find("\r\n\r\n") {
-                            let length = text
-                                .lines()
-                                .find_map(|l| l.strip_prefix("content-length:"))
-                                .and_then(|v| v.trim().parse::<usize>().ok())
-                                .unwrap_or(0);
-                            if request.len() >= end + 4 + length {
-                                break;
-                            }
-                        }
                     }
-                    tokio::time::sleep(delay).await;
-                    let _ = socket
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                        .await;
-                    let _ = socket.read(&mut buf).await;
                 });
             }
         });
-        format!("http://{addr}/")
+        (format!("http://{addr}/"), bodies)
+    }
+
+    /// A sink on a real socket that answers every request with 200, `delay` late.
+    async fn slow_sink(delay: Duration) -> String {
+        recording_sink(delay, Vec::new()).await.0
     }
 
     /// What one delivery of a one-message batch (sequence `seq`) to the HTTP
@@ -276,6 +299,18 @@ mod tests {
         timeout_seconds: u32,
         fence: &Fence,
         seq: u64,
+        overdue: &str,
+    ) -> (Result<(), Undelivered>, Option<u64>, usize) {
+        deliver_batch(url, timeout_seconds, fence, &[(seq, "x")], overdue).await
+    }
+
+    /// As [`deliver_one`], for a batch of `messages`, made as a session
+    /// makes it (`Delivery::new_batch`).
+    async fn deliver_batch(
+        url: String,
+        timeout_seconds: u32,
+        fence: &Fence,
+        messages: &[(u64, &str)],
         overdue: &str,
     ) -> (Result<(), Undelivered>, Option<u64>, usize) {
         let spec = HttpSinkSpec {
@@ -291,7 +326,7 @@ mod tests {
         let metrics = WorkerMetrics::default();
         let abort = CancellationToken::new();
         let delivery = Delivery {
-            connection: "s",
+            connection: "ns/s",
             worker: "w",
             token: 1,
             sink: &sink,
@@ -300,12 +335,50 @@ mod tests {
             metrics: &metrics,
             abort: &abort,
         };
-        let mut batch = Pending::default();
-        batch.push(seq, "x");
+        let mut batch = delivery.new_batch();
+        for &(seq, text) in messages {
+            batch.push(seq, text);
+        }
         let ended = tokio::time::timeout(Duration::from_secs(20), delivery.deliver(&mut batch))
             .await
             .expect(overdue);
         (ended, progress.checkpoint(), batch.len())
+    }
+
+    /// The batch a session makes for the HTTP sink is written as its body
+    /// while the messages arrive: the sink receives it byte for byte as
+    /// `batch_json` writes the same messages, and a retry after a failed
+    /// attempt sends the same body again.
+    #[tokio::test]
+    async fn a_batch_reaches_the_sink_as_batch_json_writes_it_and_the_same_again_on_retry() {
+        let fence = Fence::new(Duration::from_secs(60), crate::worker::fence::Sent::now());
+        let (url, bodies) = recording_sink(Duration::ZERO, vec![500, 503]).await;
+        let messages = [(4, "one"), (5, "t\"wo\n"), (6, r#"{"seq":6,"x":"é"}"#)];
+        let (ended, acked, left) =
+            deliver_batch(url, 30, &fence, &messages, "the delivery never ended").await;
+        assert!(ended.is_ok(), "{ended:?}");
+        assert_eq!((acked, left), (Some(6), 0));
+        let texts: Pending = messages
+            .iter()
+            .map(|&(seq, data)| crate::sink::Message { seq, data })
+            .collect();
+        let expected = crate::sink::batch_json(
+            &Batch {
+                connection: "ns/s",
+                worker: "w",
+                token: 1,
+                messages: &texts,
+            },
+            Default::default(),
+        );
+        let bodies = bodies.lock().unwrap();
+        assert_eq!(bodies.len(), 3, "two refused, then accepted");
+        for body in bodies.iter() {
+            assert_eq!(
+                String::from_utf8_lossy(body),
+                String::from_utf8_lossy(&expected)
+            );
+        }
     }
 
     /// A POST slower than the fence window, while renewals keep the fence

@@ -527,8 +527,9 @@ async fn pump(
         // in hand, and delivering it saves a replay.
         if (flush_now || ended.is_some()) && !intake.batch.is_empty() {
             // A full batch says more is waiting: its buffers are kept for the
-            // next. A partial one (the linger ran out) lets them go, so an
-            // idle session holds none.
+            // next (an HTTP body sent goes with its request; the next is
+            // reserved at its size). A partial one (the linger ran out) lets
+            // them go, so an idle session holds none.
             let busy = intake.batch.len() >= max_batch;
             if let Err(u) = Box::pin(delivery.deliver(&mut intake.batch)).await {
                 // Fenced: the socket goes at once (see above).
@@ -559,7 +560,8 @@ struct Intake<'a> {
     /// every parser takes is skipped (`sequence_of` checks).
     json_only: bool,
     high_water: Option<u64>,
-    /// Read and not yet delivered (each text copied out of its frame).
+    /// Read and not yet delivered (each text copied out of its frame, or
+    /// for the HTTP sink written into the body as its entry).
     batch: Pending,
     /// Messages and bytes read since the counters were last advanced.
     received: u64,
