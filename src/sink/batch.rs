@@ -204,12 +204,11 @@ impl Pending {
         }
     }
 
-    /// Bytes held: what the messages' texts add up to (or more when some
-    /// were dropped by [`Pending::keep_only`]), or the body so far.
+    /// Bytes of text held (what the messages' texts add up to, or more when
+    /// some were dropped by [`Pending::keep_only`]); a batch written as a
+    /// body holds none (its size is its body's).
     pub fn text_bytes(&self) -> usize {
-        self.body
-            .as_ref()
-            .map_or(self.text.len(), |b| b.held().len())
+        self.text.len()
     }
 
     /// Keeps only the messages at `indices` (ascending), in order: a sink
