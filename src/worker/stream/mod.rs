@@ -11,6 +11,7 @@ mod provenance;
 mod registry;
 mod sequence;
 mod session;
+mod socket;
 mod transport;
 
 pub(super) use connect_limit::ConnectLimiter;

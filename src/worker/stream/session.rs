@@ -10,7 +10,8 @@ use super::delivery::{Delivery, Undelivered};
 use super::progress::StreamProgress;
 use super::provenance::{Origin, Provenance, Unverified};
 use super::sequence::{SequencePointer, Unsequenced, next_counter, sequence_of};
-use super::transport::{CONNECT_TIMEOUT, ConnectError, Dialer, Ws, resume_url};
+use super::socket::Ws;
+use super::transport::{CONNECT_TIMEOUT, ConnectError, Dialer, resume_url};
 use crate::crd::{DataFormat, StreamConnectionSpec};
 use crate::egress::HostPolicy;
 use crate::egress::KinesisStreams;
@@ -20,7 +21,6 @@ use crate::sink::{Pending, Sink, SinkClients};
 use crate::support::RetryPolicy;
 use crate::worker::fence::Fence;
 use base64::Engine;
-use futures::{SinkExt, StreamExt};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{Instant, sleep_until, timeout};
@@ -585,7 +585,7 @@ impl Intake<'_> {
     ) -> std::task::Poll<Option<PumpEnd>> {
         let mut taken = 0;
         loop {
-            let std::task::Poll::Ready(frame) = ws.poll_next_unpin(cx) else {
+            let std::task::Poll::Ready(frame) = ws.poll_next(cx) else {
                 return if taken == 0 {
                     std::task::Poll::Pending
                 } else {
@@ -697,7 +697,7 @@ async fn close(ws: &mut Ws, code: CloseCode) {
         code,
         reason: "".into(),
     };
-    let _ = timeout(CLOSE_TIMEOUT, ws.close(Some(frame))).await;
+    let _ = timeout(CLOSE_TIMEOUT, ws.close(frame)).await;
 }
 
 #[cfg(test)]

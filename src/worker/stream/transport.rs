@@ -3,6 +3,7 @@
 //! on) and the WebSocket handshake. The socket under a session is plain TCP or
 //! boxed TLS, so a `ws://` session does not carry the size of a TLS connection.
 
+use super::socket::Ws;
 use crate::crd::StreamConnectionSpec;
 use crate::egress::{HostPolicy, PolicyError};
 use crate::lease::StreamKey;
@@ -15,7 +16,6 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
-use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
@@ -31,12 +31,9 @@ pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The text in `spec.url` replaced by the checkpoint at every connect.
 pub(super) const LAST_SEQ_PLACEHOLDER: &str = "{last_seq}";
 
-/// A WebSocket session's socket.
-pub(super) type Ws = WebSocketStream<Transport>;
-
 /// Plain TCP, or TLS boxed (tokio-tungstenite's `MaybeTlsStream` stores the
 /// TLS state inline, about 1.3 KiB per `ws://` session).
-pub enum Transport {
+pub(super) enum Transport {
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
 }
@@ -228,11 +225,9 @@ impl Dialer {
         } else {
             Transport::Plain(tcp)
         };
-        let (ws, _response) =
-            tokio_tungstenite::client_async_with_config(request, stream, Some(config))
-                .await
-                .map_err(ConnectError::Handshake)?;
-        Ok(ws)
+        Ws::handshake(request, stream, config)
+            .await
+            .map_err(ConnectError::Handshake)
     }
 }
 

@@ -1,0 +1,386 @@
+//! A session's WebSocket: tungstenite driven by the session's own task.
+//!
+//! tungstenite reads and writes through `std::io`; an async runtime has to
+//! turn "not ready" into `WouldBlock` and wake the task when the socket is
+//! ready. tokio-tungstenite does it by registering the polling task's waker
+//! in two atomic waker slots on every poll, which is once per message read:
+//! about 30 ns of the ~570 a saturated worker spends on a message (`perf`,
+//! bench/README.md). A session's socket is only ever polled by its own task,
+//! so here it keeps that task's waker and clones it again only when another
+//! one polls it; the transport registers the waker with the runtime only
+//! when it has nothing to read. Otherwise this behaves as tokio-tungstenite's
+//! stream and sink do: reads answer pings and close frames, a write that
+//! would block is queued and flushed, and a closed connection ends the reads.
+
+use super::transport::Transport;
+use std::io::{self, Read, Write};
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::handshake::HandshakeError;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error, Message, WebSocket};
+
+/// An open WebSocket session to an upstream.
+pub struct Ws {
+    socket: WebSocket<TaskIo>,
+    /// The connection closed or failed: reads end (as a fused stream).
+    ended: bool,
+}
+
+impl Ws {
+    /// The client handshake over an open transport.
+    pub(super) async fn handshake(
+        request: impl IntoClientRequest,
+        transport: Transport,
+        config: WebSocketConfig,
+    ) -> Result<Self, Error> {
+        let io = TaskIo {
+            transport,
+            waker: Waker::noop().clone(),
+        };
+        let mut interrupted = match tokio_tungstenite::tungstenite::client::client_with_config(
+            request,
+            io,
+            Some(config),
+        ) {
+            Ok((socket, _)) => return Ok(Self::open(socket)),
+            Err(HandshakeError::Failure(e)) => return Err(e),
+            Err(HandshakeError::Interrupted(mid)) => Some(mid),
+        };
+        // The first attempt ran with no task to wake: it goes on under this
+        // one's waker, which the transport registers when it blocks again.
+        std::future::poll_fn(|cx| {
+            let mut mid = interrupted.take().expect("polled after completion");
+            mid.get_mut().get_mut().follow(cx);
+            match mid.handshake() {
+                Ok((socket, _)) => Poll::Ready(Ok(Self::open(socket))),
+                Err(HandshakeError::Failure(e)) => Poll::Ready(Err(e)),
+                Err(HandshakeError::Interrupted(mid)) => {
+                    interrupted = Some(mid);
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    }
+
+    fn open(socket: WebSocket<TaskIo>) -> Self {
+        Self {
+            socket,
+            ended: false,
+        }
+    }
+
+    /// The next message, as `Stream::poll_next` would give it: `None` once
+    /// the connection is closed, and after an error.
+    pub(super) fn poll_next(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Message, Error>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        self.socket.get_mut().follow(cx);
+        match self.socket.read() {
+            Ok(message) => Poll::Ready(Some(Ok(message))),
+            Err(e) if would_block(&e) => Poll::Pending,
+            Err(e) => {
+                self.ended = true;
+                if matches!(e, Error::AlreadyClosed | Error::ConnectionClosed) {
+                    Poll::Ready(None)
+                } else {
+                    Poll::Ready(Some(Err(e)))
+                }
+            }
+        }
+    }
+
+    /// Writes `message` and flushes it (and anything queued before it).
+    pub(super) async fn send(&mut self, message: Message) -> Result<(), Error> {
+        let mut message = Some(message);
+        std::future::poll_fn(|cx| {
+            self.socket.get_mut().follow(cx);
+            if let Some(message) = message.take() {
+                match self.socket.write(message) {
+                    // Queued; the flush below goes on with it.
+                    Err(e) if would_block(&e) => {}
+                    Err(e) => return Poll::Ready(Err(e)),
+                    Ok(()) => {}
+                }
+            }
+            match self.socket.flush() {
+                Ok(()) | Err(Error::ConnectionClosed) => Poll::Ready(Ok(())),
+                Err(e) if would_block(&e) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            }
+        })
+        .await
+    }
+
+    /// Sends a close frame (the socket is dropped afterwards; the peer's
+    /// answer is not waited for).
+    pub(super) async fn close(&mut self, frame: CloseFrame) -> Result<(), Error> {
+        self.send(Message::Close(Some(frame))).await
+    }
+}
+
+fn would_block(e: &Error) -> bool {
+    matches!(e, Error::Io(e) if e.kind() == io::ErrorKind::WouldBlock)
+}
+
+/// The transport seen through `std::io`, polled with the waker of the task
+/// that last polled the session.
+struct TaskIo {
+    transport: Transport,
+    waker: Waker,
+}
+
+impl TaskIo {
+    /// Wakes `cx`'s task from now on (a clone only when the task changed).
+    fn follow(&mut self, cx: &Context<'_>) {
+        if !self.waker.will_wake(cx.waker()) {
+            self.waker.clone_from(cx.waker());
+        }
+    }
+
+    fn poll<T>(
+        &mut self,
+        op: impl FnOnce(Pin<&mut Transport>, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> io::Result<T> {
+        let mut cx = Context::from_waker(&self.waker);
+        match op(Pin::new(&mut self.transport), &mut cx) {
+            Poll::Ready(result) => result,
+            Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+}
+
+impl Read for TaskIo {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut buf = ReadBuf::new(buf);
+        self.poll(|t, cx| t.poll_read(cx, &mut buf))?;
+        Ok(buf.filled().len())
+    }
+}
+
+impl Write for TaskIo {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.poll(|t, cx| t.poll_write(cx, buf))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.poll(|t, cx| t.poll_flush(cx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against a server written out byte by byte on a real loopback socket,
+    //! so each test decides where the client finds nothing to read (or no
+    //! room to write) and must be woken to go on.
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::time::{sleep, timeout};
+    use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+
+    const PAUSE: Duration = Duration::from_millis(30);
+    const BOUND: Duration = Duration::from_secs(10);
+
+    /// A client connected to a server that answers the handshake in two
+    /// writes with a pause between them; the server's side of the socket.
+    async fn connected() -> (Ws, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}/feed", listener.local_addr().unwrap());
+        let server = async {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            while !request.ends_with(b"\r\n\r\n") {
+                let mut byte = [0u8; 1];
+                socket.read_exact(&mut byte).await.unwrap();
+                request.push(byte[0]);
+            }
+            let request = String::from_utf8(request).unwrap();
+            let key = request
+                .lines()
+                .find_map(|l| l.strip_prefix("Sec-WebSocket-Key: "))
+                .or_else(|| {
+                    request
+                        .lines()
+                        .find_map(|l| l.strip_prefix("sec-websocket-key: "))
+                })
+                .expect("a key")
+                .trim()
+                .to_string();
+            let response = format!(
+                "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n\r\n",
+                derive_accept_key(key.as_bytes())
+            );
+            let (first, rest) = response.as_bytes().split_at(20);
+            socket.write_all(first).await.unwrap();
+            sleep(PAUSE).await;
+            socket.write_all(rest).await.unwrap();
+            socket
+        };
+        // The client runs on a task of its own, so only its socket wakes it.
+        let client = tokio::spawn(async move {
+            let tcp = TcpStream::connect(url.trim_start_matches("ws://").trim_end_matches("/feed"))
+                .await
+                .unwrap();
+            Ws::handshake(
+                url.as_str(),
+                Transport::Plain(tcp),
+                WebSocketConfig::default(),
+            )
+            .await
+        });
+        let socket = timeout(BOUND, server).await.expect("the server answered");
+        let ws = timeout(BOUND, client)
+            .await
+            .expect("the handshake finished")
+            .unwrap();
+        (ws.expect("the handshake succeeded"), socket)
+    }
+
+    /// An unmasked server frame.
+    fn frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+        let mut out = vec![0x80 | opcode];
+        match payload.len() {
+            n if n < 126 => out.push(n as u8),
+            n if n <= u16::MAX as usize => {
+                out.push(126);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                out.push(127);
+                out.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// Reads one (masked) client frame: opcode and payload.
+    async fn client_frame(socket: &mut TcpStream) -> (u8, Vec<u8>) {
+        let mut head = [0u8; 2];
+        socket.read_exact(&mut head).await.unwrap();
+        assert_eq!(head[1] & 0x80, 0x80, "client frames are masked");
+        let len = match head[1] & 0x7f {
+            126 => u64::from(socket.read_u16().await.unwrap()),
+            127 => socket.read_u64().await.unwrap(),
+            n => u64::from(n),
+        };
+        let mut mask = [0u8; 4];
+        socket.read_exact(&mut mask).await.unwrap();
+        let mut payload = vec![0u8; len as usize];
+        socket.read_exact(&mut payload).await.unwrap();
+        for (i, b) in payload.iter_mut().enumerate() {
+            *b ^= mask[i % 4];
+        }
+        (head[0] & 0x0f, payload)
+    }
+
+    async fn next(ws: &mut Ws) -> Option<Result<Message, Error>> {
+        timeout(BOUND, std::future::poll_fn(|cx| ws.poll_next(cx)))
+            .await
+            .expect("woken for the next message")
+    }
+
+    /// A message that arrives in pieces, with the client finding nothing to
+    /// read between them, is read whole once the last piece is in; a ping is
+    /// answered while reading; the end of the connection ends the reads.
+    #[tokio::test]
+    async fn reads_go_on_when_the_rest_arrives_and_pings_are_answered() {
+        let (mut ws, mut server) = connected().await;
+        // Larger than the read buffer (128 KiB by default), in three pieces.
+        let text = "x".repeat(200_000);
+        let bytes = frame(0x1, text.as_bytes());
+        let feeder = async {
+            for piece in bytes.chunks(bytes.len() / 3 + 1) {
+                server.write_all(piece).await.unwrap();
+                sleep(PAUSE).await;
+            }
+            server
+                .write_all(&frame(0x9, b"are you there"))
+                .await
+                .unwrap();
+            server
+                .write_all(&frame(0x1, b"after the ping"))
+                .await
+                .unwrap();
+            let answer = client_frame(&mut server).await;
+            (server, answer)
+        };
+        // The reader runs on a task of its own, so only its socket wakes it.
+        let reader = tokio::spawn(async move {
+            let first = next(&mut ws).await;
+            let ping = next(&mut ws).await;
+            let second = next(&mut ws).await;
+            (ws, first, ping, second)
+        });
+        let (mut server, answer) = timeout(BOUND, feeder).await.expect("the pong came");
+        let (mut ws, first, ping, second) = reader.await.unwrap();
+        assert_eq!(first.unwrap().unwrap(), Message::Text(text.into()));
+        assert!(matches!(ping, Some(Ok(Message::Ping(_)))), "{ping:?}");
+        assert_eq!(
+            second.unwrap().unwrap(),
+            Message::Text("after the ping".into())
+        );
+        assert_eq!(answer, (0xA, b"are you there".to_vec()), "the pong");
+        server.shutdown().await.unwrap();
+        drop(server);
+        let end = next(&mut ws).await;
+        assert!(
+            matches!(end, None | Some(Err(_))),
+            "the connection's end ends the reads: {end:?}"
+        );
+        assert!(next(&mut ws).await.is_none(), "and they stay ended");
+    }
+
+    /// A message larger than the socket's buffers waits for the peer to read
+    /// (the write would block) and is then written whole; a close frame
+    /// follows with its code.
+    #[tokio::test]
+    async fn a_write_that_would_block_finishes_once_the_peer_reads() {
+        let (mut ws, mut server) = connected().await;
+        let text = "y".repeat(32 << 20);
+        let expected = text.clone();
+        // The sender runs on a task of its own, so only its socket wakes it.
+        let sender = tokio::spawn(async move {
+            let blocked = {
+                let mut send = std::pin::pin!(ws.send(Message::Text(text.into())));
+                let blocked = futures::poll!(send.as_mut()).is_pending();
+                send.await?;
+                blocked
+            };
+            Ok::<_, Error>((ws, blocked))
+        });
+        let message = timeout(BOUND, client_frame(&mut server))
+            .await
+            .expect("the whole message came");
+        let (mut ws, blocked) = timeout(BOUND, sender)
+            .await
+            .expect("the write finished once the peer read")
+            .unwrap()
+            .unwrap();
+        assert!(
+            blocked,
+            "the socket took the whole message at once: the test needs a larger one"
+        );
+        assert_eq!(message.0, 0x1);
+        assert!(message.1 == expected.as_bytes(), "the whole text, in order");
+        ws.close(CloseFrame {
+            code: CloseCode::Away,
+            reason: "".into(),
+        })
+        .await
+        .unwrap();
+        let close = timeout(BOUND, client_frame(&mut server)).await.unwrap();
+        assert_eq!(close.0, 0x8);
+        assert_eq!(close.1, 1001u16.to_be_bytes(), "code 1001 (going away)");
+    }
+}
