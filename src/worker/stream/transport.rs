@@ -1,21 +1,17 @@
 //! Dialling an upstream: resume URL, host policy on resolved addresses, header
 //! references resolved at connect time, TCP, TLS (rustls, verification always
 //! on) and the WebSocket handshake. The socket under a session is plain TCP or
-//! boxed TLS, so a `ws://` session does not carry the size of a TLS connection.
+//! boxed TLS (`socket::Transport`), so a `ws://` session does not carry the
+//! size of a TLS connection.
 
-use super::socket::Ws;
+use super::socket::{Transport, Ws};
 use crate::crd::StreamConnectionSpec;
 use crate::egress::{HostPolicy, PolicyError};
 use crate::lease::StreamKey;
 use crate::secrets::SecretSource;
-use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
@@ -30,53 +26,6 @@ pub const READ_BUFFER_BYTES: usize = 4 * 1024;
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The text in `spec.url` replaced by the checkpoint at every connect.
 pub(super) const LAST_SEQ_PLACEHOLDER: &str = "{last_seq}";
-
-/// Plain TCP, or TLS boxed (tokio-tungstenite's `MaybeTlsStream` stores the
-/// TLS state inline, about 1.3 KiB per `ws://` session).
-pub(super) enum Transport {
-    Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
-}
-
-impl AsyncRead for Transport {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Transport {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_flush(cx),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Transport::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Transport::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
 
 /// Why a connect failed.
 #[derive(Debug)]
