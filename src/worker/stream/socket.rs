@@ -10,8 +10,10 @@
 //! so here it keeps that task's waker and clones it again only when another
 //! one polls it; the transport registers the waker with the runtime only
 //! when it has nothing to read. Otherwise this behaves as tokio-tungstenite's
-//! stream and sink do: reads answer pings and close frames, a write that
-//! would block is queued and flushed, and a closed connection ends the reads.
+//! stream and sink do: reads answer pings, a write that would block is queued
+//! and flushed, and a closed connection ends the reads; closing answers the
+//! upstream's close frame if it closed first (tokio-tungstenite's `close`
+//! left that answer unsent).
 
 use std::io::{self, Read, Write};
 use std::pin::Pin;
@@ -168,10 +170,29 @@ impl Ws {
         .await
     }
 
-    /// Sends a close frame (the socket is dropped afterwards; the peer's
-    /// answer is not waited for).
+    /// Closes the session from this side: sends `frame`, or, when the
+    /// upstream closed first, the answer to its close frame that the read
+    /// queued, and flushes it. The upstream's answer is not waited for (the
+    /// socket is dropped afterwards).
     pub(super) async fn close(&mut self, frame: CloseFrame) -> Result<(), Error> {
-        self.send(Message::Close(Some(frame))).await
+        let mut frame = Some(frame);
+        std::future::poll_fn(|cx| {
+            self.socket.get_mut().follow(cx);
+            // tungstenite's `close` queues the frame only while the session
+            // is open, and flushes whatever is queued either way (a write of
+            // a close message after the upstream's close is refused instead,
+            // the answer left unsent).
+            let result = match frame.take() {
+                Some(frame) => self.socket.close(Some(frame)),
+                None => self.socket.flush(),
+            };
+            match result {
+                Ok(()) | Err(Error::ConnectionClosed) => Poll::Ready(Ok(())),
+                Err(e) if would_block(&e) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            }
+        })
+        .await
     }
 }
 
@@ -333,10 +354,10 @@ mod tests {
         (head[0] & 0x0f, payload)
     }
 
+    /// The next message. No timer of its own: run on a task of its own and
+    /// bounded from outside, nothing but the socket can wake it.
     async fn next(ws: &mut Ws) -> Option<Result<Message, Error>> {
-        timeout(BOUND, std::future::poll_fn(|cx| ws.poll_next(cx)))
-            .await
-            .expect("woken for the next message")
+        std::future::poll_fn(|cx| ws.poll_next(cx)).await
     }
 
     /// A message that arrives in pieces, with the client finding nothing to
@@ -372,7 +393,10 @@ mod tests {
             (ws, first, ping, second)
         });
         let (mut server, answer) = timeout(BOUND, feeder).await.expect("the pong came");
-        let (mut ws, first, ping, second) = reader.await.unwrap();
+        let (mut ws, first, ping, second) = timeout(BOUND, reader)
+            .await
+            .expect("woken for every message")
+            .unwrap();
         assert_eq!(first.unwrap().unwrap(), Message::Text(text.into()));
         assert!(matches!(ping, Some(Ok(Message::Ping(_)))), "{ping:?}");
         assert_eq!(
@@ -382,12 +406,59 @@ mod tests {
         assert_eq!(answer, (0xA, b"are you there".to_vec()), "the pong");
         server.shutdown().await.unwrap();
         drop(server);
-        let end = next(&mut ws).await;
+        let (end, after) = timeout(
+            BOUND,
+            tokio::spawn(async move { (next(&mut ws).await, next(&mut ws).await) }),
+        )
+        .await
+        .expect("woken by the connection's end")
+        .unwrap();
         assert!(
             matches!(end, None | Some(Err(_))),
             "the connection's end ends the reads: {end:?}"
         );
-        assert!(next(&mut ws).await.is_none(), "and they stay ended");
+        assert!(after.is_none(), "and they stay ended");
+    }
+
+    /// An upstream that closes first gets its close frame answered when the
+    /// session closes (its code echoed, as RFC 6455 asks), not a refusal.
+    #[tokio::test]
+    async fn closing_after_the_upstream_did_answers_its_close_frame() {
+        let (mut ws, mut server) = connected().await;
+        let mut close = 1000u16.to_be_bytes().to_vec();
+        close.extend_from_slice(b"done");
+        server.write_all(&frame(0x8, &close)).await.unwrap();
+        let closed = timeout(
+            BOUND,
+            tokio::spawn(async move {
+                let read = next(&mut ws).await;
+                let closed = ws
+                    .close(CloseFrame {
+                        code: CloseCode::Away,
+                        reason: "".into(),
+                    })
+                    .await;
+                (read, closed)
+            }),
+        )
+        .await
+        .expect("the close was read and answered")
+        .unwrap();
+        assert!(
+            matches!(closed.0, Some(Ok(Message::Close(_)))),
+            "{:?}",
+            closed.0
+        );
+        assert!(closed.1.is_ok(), "{:?}", closed.1);
+        let answer = timeout(BOUND, client_frame(&mut server))
+            .await
+            .expect("an answer came");
+        assert_eq!(answer.0, 0x8, "a close frame");
+        assert_eq!(
+            answer.1[..2],
+            1000u16.to_be_bytes(),
+            "the upstream's code echoed"
+        );
     }
 
     /// A message larger than the socket's buffers waits for the peer to read
