@@ -256,7 +256,8 @@ mod tests {
     use tokio::net::{TcpListener, TcpStream};
     use tokio::time::{sleep, timeout};
     use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{CloseCode, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
 
     const PAUSE: Duration = Duration::from_millis(30);
     const BOUND: Duration = Duration::from_secs(10);
@@ -316,21 +317,16 @@ mod tests {
         (ws.expect("the handshake succeeded"), socket)
     }
 
-    /// An unmasked server frame.
+    /// An unmasked server frame, written by tungstenite's frame encoder.
     fn frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
-        let mut out = vec![0x80 | opcode];
-        match payload.len() {
-            n if n < 126 => out.push(n as u8),
-            n if n <= u16::MAX as usize => {
-                out.push(126);
-                out.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                out.push(127);
-                out.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
-        out.extend_from_slice(payload);
+        let mut out = Vec::new();
+        let header = FrameHeader {
+            opcode: OpCode::from(opcode),
+            ..FrameHeader::default()
+        };
+        Frame::from_payload(header, payload.to_vec().into())
+            .format(&mut out)
+            .unwrap();
         out
     }
 
