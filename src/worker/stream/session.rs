@@ -506,8 +506,18 @@ async fn pump(
                         kind: "keepalive",
                         message: format!("no pong within {pong_timeout:?}"),
                     });
-                } else if let Err(e) = ws.send(WsMessage::Ping(Vec::new().into())).await {
-                    ended = Some(PumpEnd::Disconnected { kind: "io", message: e.to_string() });
+                } else {
+                    // Bounded: an upstream that reads nothing (its socket full of
+                    // our answers to its pings) would hold the write, and with
+                    // it the session, for good.
+                    match timeout(pong_timeout, ws.send(WsMessage::Ping(Vec::new().into()))).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => ended = Some(PumpEnd::Disconnected { kind: "io", message: e.to_string() }),
+                        Err(_) => ended = Some(PumpEnd::Disconnected {
+                            kind: "keepalive",
+                            message: format!("the upstream took no ping within {pong_timeout:?}"),
+                        }),
+                    }
                 }
             }
             end = std::future::poll_fn(|cx| intake.drain(ws, cx, max_batch, &deps.metrics)) => {
@@ -764,6 +774,63 @@ mod tests {
         );
         drop(session);
         assert_eq!(slot.available_permits(), 1, "dropped: the turn is free");
+    }
+
+    /// An upstream that floods pings and reads nothing fills the socket with
+    /// their answers; the keepalive ping then cannot be written. The session
+    /// gives up within the pong timeout and dials again, rather than waiting
+    /// on the write for good (and reading nothing meanwhile).
+    #[tokio::test]
+    async fn a_keepalive_ping_the_upstream_does_not_take_ends_the_session() {
+        use futures::SinkExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}/s", listener.local_addr().unwrap());
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = connections.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let Ok(mut ws) = tokio_tungstenite::accept_async(socket).await else {
+                        return;
+                    };
+                    // Pings with the largest payload a control frame may carry,
+                    // as fast as the socket takes them; nothing is ever read.
+                    while ws
+                        .send(WsMessage::Ping(vec![7u8; 125].into()))
+                        .await
+                        .is_ok()
+                    {}
+                });
+            }
+        });
+        let spec: StreamConnectionSpec = serde_json::from_value(serde_json::json!({
+            "url": url,
+            "sink": {"log": {}},
+            "keepalive": {"intervalSeconds": 1, "timeoutSeconds": 1},
+        }))
+        .unwrap();
+        let cfg = SessionConfig {
+            key: StreamKey::new("ns", "s"),
+            connection: "ns/s".into(),
+            worker: "w".into(),
+            token: 1,
+            spec: Arc::new(spec),
+            origin: Origin::default(),
+            turn: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
+        };
+        let progress = Arc::new(StreamProgress::new(None, None));
+        let session = tokio::spawn(run(cfg, progress, deps(), SessionControl::default()));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while connections.load(std::sync::atomic::Ordering::SeqCst) < 2 && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        session.abort();
+        assert!(
+            connections.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+            "the session never gave up on a ping the upstream would not take"
+        );
     }
 
     /// A sink that takes messages as JSON values is given only JSON. With a
