@@ -744,6 +744,20 @@ mod tests {
         })
     }
 
+    /// Stream `ns/s`'s first session (token 1) with `spec`, holding a turn of `slot`.
+    fn config(spec: serde_json::Value, slot: Arc<Semaphore>) -> SessionConfig {
+        let spec: StreamConnectionSpec = serde_json::from_value(spec).unwrap();
+        SessionConfig {
+            key: StreamKey::new("ns", "s"),
+            connection: "ns/s".into(),
+            worker: "w".into(),
+            token: 1,
+            spec: Arc::new(spec),
+            origin: Origin::default(),
+            turn: slot.try_acquire_owned().unwrap(),
+        }
+    }
+
     /// The turn is what makes a stream's next session wait until this one's
     /// socket is closed (an aborted task is dropped later, when the runtime
     /// gets to it). It only works if the session's future owns it from the
@@ -751,20 +765,10 @@ mod tests {
     #[tokio::test]
     async fn a_session_keeps_its_streams_turn_until_it_is_dropped() {
         let slot = Arc::new(Semaphore::new(1));
-        let spec: StreamConnectionSpec = serde_json::from_value(serde_json::json!({
-            "url": "ws://127.0.0.1:9/s",
-            "sink": {"log": {}},
-        }))
-        .unwrap();
-        let cfg = SessionConfig {
-            key: StreamKey::new("ns", "s"),
-            connection: "ns/s".into(),
-            worker: "w".into(),
-            token: 1,
-            spec: Arc::new(spec),
-            origin: Origin::default(),
-            turn: slot.clone().try_acquire_owned().unwrap(),
-        };
+        let cfg = config(
+            serde_json::json!({"url": "ws://127.0.0.1:9/s", "sink": {"log": {}}}),
+            slot.clone(),
+        );
         let progress = Arc::new(StreamProgress::new(None, None));
         let session = run(cfg, progress, deps(), SessionControl::default());
         assert_eq!(
@@ -804,21 +808,14 @@ mod tests {
                 });
             }
         });
-        let spec: StreamConnectionSpec = serde_json::from_value(serde_json::json!({
-            "url": url,
-            "sink": {"log": {}},
-            "keepalive": {"intervalSeconds": 1, "timeoutSeconds": 1},
-        }))
-        .unwrap();
-        let cfg = SessionConfig {
-            key: StreamKey::new("ns", "s"),
-            connection: "ns/s".into(),
-            worker: "w".into(),
-            token: 1,
-            spec: Arc::new(spec),
-            origin: Origin::default(),
-            turn: Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap(),
-        };
+        let cfg = config(
+            serde_json::json!({
+                "url": url,
+                "sink": {"log": {}},
+                "keepalive": {"intervalSeconds": 1, "timeoutSeconds": 1},
+            }),
+            Arc::new(Semaphore::new(1)),
+        );
         let progress = Arc::new(StreamProgress::new(None, None));
         let session = tokio::spawn(run(cfg, progress, deps(), SessionControl::default()));
         let deadline = Instant::now() + Duration::from_secs(20);
