@@ -22,7 +22,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::handshake::HandshakeError;
+use tokio_tungstenite::tungstenite::handshake::client::ClientHandshake;
+use tokio_tungstenite::tungstenite::handshake::{HandshakeError, MidHandshake};
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error, Message, WebSocket};
 
@@ -81,31 +82,36 @@ pub struct Ws {
 }
 
 impl Ws {
-    /// The client handshake over an open transport.
+    /// The client handshake over an open transport, begun at the first poll
+    /// (so the transport is polled with this task's waker from the start)
+    /// and resumed on each wake-up.
     pub(super) async fn handshake(
         request: impl IntoClientRequest,
         transport: Transport,
         config: WebSocketConfig,
     ) -> Result<Self, Error> {
-        let io = TaskIo {
-            transport,
-            waker: Waker::noop().clone(),
-        };
-        let mut interrupted = match tokio_tungstenite::tungstenite::client::client_with_config(
-            request,
-            io,
-            Some(config),
-        ) {
-            Ok((socket, _)) => return Ok(Self::open(socket)),
-            Err(HandshakeError::Failure(e)) => return Err(e),
-            Err(HandshakeError::Interrupted(mid)) => Some(mid),
-        };
-        // The first attempt ran with no task to wake: it goes on under this
-        // one's waker, which the transport registers when it blocks again.
+        let mut start = Some((request, transport));
+        let mut interrupted: Option<MidHandshake<ClientHandshake<TaskIo>>> = None;
         std::future::poll_fn(|cx| {
-            let mut mid = interrupted.take().expect("polled after completion");
-            mid.get_mut().get_mut().follow(cx);
-            match mid.handshake() {
+            let attempt = match (start.take(), interrupted.take()) {
+                (Some((request, transport)), _) => {
+                    let io = TaskIo {
+                        transport,
+                        waker: cx.waker().clone(),
+                    };
+                    tokio_tungstenite::tungstenite::client::client_with_config(
+                        request,
+                        io,
+                        Some(config),
+                    )
+                }
+                (None, Some(mut mid)) => {
+                    mid.get_mut().get_mut().follow(cx);
+                    mid.handshake()
+                }
+                (None, None) => panic!("handshake polled after completion"),
+            };
+            match attempt {
                 Ok((socket, _)) => Poll::Ready(Ok(Self::open(socket))),
                 Err(HandshakeError::Failure(e)) => Poll::Ready(Err(e)),
                 Err(HandshakeError::Interrupted(mid)) => {
@@ -161,11 +167,7 @@ impl Ws {
                     Ok(()) => {}
                 }
             }
-            match self.socket.flush() {
-                Ok(()) | Err(Error::ConnectionClosed) => Poll::Ready(Ok(())),
-                Err(e) if would_block(&e) => Poll::Pending,
-                Err(e) => Poll::Ready(Err(e)),
-            }
+            flushed(self.socket.flush())
         })
         .await
     }
@@ -182,17 +184,22 @@ impl Ws {
             // is open, and flushes whatever is queued either way (a write of
             // a close message after the upstream's close is refused instead,
             // the answer left unsent).
-            let result = match frame.take() {
+            flushed(match frame.take() {
                 Some(frame) => self.socket.close(Some(frame)),
                 None => self.socket.flush(),
-            };
-            match result {
-                Ok(()) | Err(Error::ConnectionClosed) => Poll::Ready(Ok(())),
-                Err(e) if would_block(&e) => Poll::Pending,
-                Err(e) => Poll::Ready(Err(e)),
-            }
+            })
         })
         .await
+    }
+}
+
+/// A flush's outcome as a poll: done (a connection closed meanwhile
+/// included, as tokio-tungstenite's sink takes it), or still to go on.
+fn flushed(result: Result<(), Error>) -> Poll<Result<(), Error>> {
+    match result {
+        Ok(()) | Err(Error::ConnectionClosed) => Poll::Ready(Ok(())),
+        Err(e) if would_block(&e) => Poll::Pending,
+        Err(e) => Poll::Ready(Err(e)),
     }
 }
 
@@ -279,11 +286,6 @@ mod tests {
             let key = request
                 .lines()
                 .find_map(|l| l.strip_prefix("Sec-WebSocket-Key: "))
-                .or_else(|| {
-                    request
-                        .lines()
-                        .find_map(|l| l.strip_prefix("sec-websocket-key: "))
-                })
                 .expect("a key")
                 .trim()
                 .to_string();
