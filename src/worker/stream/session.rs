@@ -439,11 +439,44 @@ async fn pump(
         metrics: &deps.metrics,
         abort: &ctl.abort,
     };
-    for text in &cfg.spec.subscribe {
-        if let Err(e) = ws.send(WsMessage::Text(text.clone().into())).await {
+    let ping_every = Duration::from_secs(cfg.spec.keepalive.interval_seconds.into());
+    let pong_timeout = Duration::from_secs(cfg.spec.keepalive.timeout_seconds.into());
+    // The session's waits are made once and polled again on every turn of
+    // the loop: made anew per message, each re-registered with its token,
+    // watch channel or timer, which cost more than reading the message.
+    let aborted = ctl.abort.cancelled();
+    let fenced = deps.fence.closed();
+    let stopped = ctl.stop.cancelled();
+    tokio::pin!(aborted, fenced, stopped);
+    // Bounded like the keepalive ping, and raced against the session's ends:
+    // an upstream that reads nothing would otherwise hold the write, and the
+    // session with it, for good.
+    let subscribed = tokio::select! {
+        biased;
+        _ = &mut aborted => {
+            Box::pin(close(ws, CloseCode::Away)).await;
+            return PumpEnd::Ended(SessionEnd::Aborted);
+        }
+        _ = &mut fenced => return PumpEnd::Ended(SessionEnd::Fenced),
+        _ = &mut stopped => {
+            // Nothing was read yet, so nothing is left to deliver.
+            Box::pin(close(ws, CloseCode::Normal)).await;
+            return PumpEnd::Ended(SessionEnd::Stopped);
+        }
+        sent = timeout(pong_timeout, subscribe(ws, &cfg.spec.subscribe)) => sent,
+    };
+    match subscribed {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
             return PumpEnd::Disconnected {
                 kind: "subscribe",
                 message: format!("sending subscribe message failed: {e}"),
+            };
+        }
+        Err(_) => {
+            return PumpEnd::Disconnected {
+                kind: "subscribe",
+                message: format!("the upstream took no subscribe message within {pong_timeout:?}"),
             };
         }
     }
@@ -454,8 +487,6 @@ async fn pump(
         .map(|s| SequencePointer::new(&s.pointer));
     let max_batch = sink.max_batch();
     let linger = sink.linger();
-    let ping_every = Duration::from_secs(cfg.spec.keepalive.interval_seconds.into());
-    let pong_timeout = Duration::from_secs(cfg.spec.keepalive.timeout_seconds.into());
     let mut ping_timer = tokio::time::interval_at(Instant::now() + ping_every, ping_every);
     let mut last_heard = Instant::now();
     let mut intake = Intake {
@@ -467,14 +498,8 @@ async fn pump(
         received: 0,
         bytes: 0,
     };
-    // The session's waits are made once and polled again on every turn of
-    // the loop: made anew per message, each re-registered with its token,
-    // watch channel or timer, which cost more than reading the message.
-    let aborted = ctl.abort.cancelled();
-    let fenced = deps.fence.closed();
-    let stopped = ctl.stop.cancelled();
     let linger_timer = tokio::time::sleep_until(Instant::now());
-    tokio::pin!(aborted, fenced, stopped, linger_timer);
+    tokio::pin!(linger_timer);
     let mut lingering = false;
 
     loop {
@@ -667,6 +692,13 @@ impl Intake<'_> {
                 })
             }
             Some(Ok(_)) => None, // ping (answered by tungstenite), pong, raw frame
+            Some(Err(tungstenite::Error::Protocol(
+                tungstenite::error::ProtocolError::ResetWithoutClosingHandshake,
+            ))) => Some(PumpEnd::Disconnected {
+                // Nothing it sent was wrong: not `malformed`.
+                kind: "dropped",
+                message: "the upstream ended the connection without a close frame".into(),
+            }),
             Some(Err(e)) => {
                 let kind = match &e {
                     tungstenite::Error::Capacity(_) => "too_large",
@@ -702,6 +734,14 @@ impl Intake<'_> {
     }
 }
 
+/// Sends the spec's subscribe messages, in order.
+async fn subscribe(ws: &mut Ws, messages: &[String]) -> Result<(), tungstenite::Error> {
+    for text in messages {
+        ws.send(WsMessage::Text(text.clone().into())).await?;
+    }
+    Ok(())
+}
+
 async fn close(ws: &mut Ws, code: CloseCode) {
     let frame = CloseFrame {
         code,
@@ -715,6 +755,7 @@ mod tests {
     use super::*;
     use crate::secrets::SecretSource;
     use crate::worker::stream::ConnectLimiter;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     use tokio::sync::Semaphore;
 
     fn deps() -> Arc<SessionDeps> {
@@ -780,6 +821,61 @@ mod tests {
         assert_eq!(slot.available_permits(), 1, "dropped: the turn is free");
     }
 
+    /// An upstream on a loopback socket that does `after_handshake` with
+    /// each connection it accepts: its URL, and how many it accepted.
+    async fn upstream<F, Fut>(after_handshake: F) -> (String, Arc<AtomicUsize>)
+    where
+        F: Fn(tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>) -> Fut
+            + Send
+            + Sync
+            + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}/s", listener.local_addr().unwrap());
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        let after_handshake = Arc::new(after_handshake);
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                counted.fetch_add(1, SeqCst);
+                let after_handshake = after_handshake.clone();
+                tokio::spawn(async move {
+                    if let Ok(ws) = tokio_tungstenite::accept_async(socket).await {
+                        after_handshake(ws).await;
+                    }
+                });
+            }
+        });
+        (url, connections)
+    }
+
+    /// Runs stream `ns/s` with `spec` until `done` holds of the session's
+    /// metrics and connections (at most 20 s), then aborts it.
+    async fn run_until(
+        spec: serde_json::Value,
+        connections: &AtomicUsize,
+        done: impl Fn(&WorkerMetrics, usize) -> bool,
+    ) -> Arc<SessionDeps> {
+        let deps = deps();
+        let cfg = config(spec, Arc::new(Semaphore::new(1)));
+        let progress = Arc::new(StreamProgress::new(None, None));
+        let session = tokio::spawn(run(cfg, progress, deps.clone(), SessionControl::default()));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done(&deps.metrics, connections.load(SeqCst)) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        session.abort();
+        deps
+    }
+
+    fn errors(metrics: &WorkerMetrics, kind: &'static str) -> u64 {
+        metrics
+            .session_errors
+            .get_or_create(&[("kind", kind)])
+            .get()
+    }
+
     /// An upstream that floods pings and reads nothing fills the socket with
     /// their answers; the keepalive ping then cannot be written. The session
     /// gives up within the pong timeout and dials again, rather than waiting
@@ -787,47 +883,110 @@ mod tests {
     #[tokio::test]
     async fn a_keepalive_ping_the_upstream_does_not_take_ends_the_session() {
         use futures::SinkExt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("ws://{}/s", listener.local_addr().unwrap());
-        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = connections.clone();
-        tokio::spawn(async move {
-            while let Ok((socket, _)) = listener.accept().await {
-                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let Ok(mut ws) = tokio_tungstenite::accept_async(socket).await else {
-                        return;
-                    };
-                    // Pings with the largest payload a control frame may carry,
-                    // as fast as the socket takes them; nothing is ever read.
-                    while ws
-                        .send(WsMessage::Ping(vec![7u8; 125].into()))
-                        .await
-                        .is_ok()
-                    {}
-                });
-            }
+        let (url, connections) = upstream(|mut ws| async move {
+            // Pings with the largest payload a control frame may carry, as
+            // fast as the socket takes them; nothing is ever read.
+            while ws
+                .send(WsMessage::Ping(vec![7u8; 125].into()))
+                .await
+                .is_ok()
+            {}
+        })
+        .await;
+        let spec = serde_json::json!({
+            "url": url,
+            "sink": {"log": {}},
+            "keepalive": {"intervalSeconds": 1, "timeoutSeconds": 1},
         });
-        let cfg = config(
-            serde_json::json!({
-                "url": url,
-                "sink": {"log": {}},
-                "keepalive": {"intervalSeconds": 1, "timeoutSeconds": 1},
-            }),
-            Arc::new(Semaphore::new(1)),
-        );
-        let progress = Arc::new(StreamProgress::new(None, None));
-        let session = tokio::spawn(run(cfg, progress, deps(), SessionControl::default()));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while connections.load(std::sync::atomic::Ordering::SeqCst) < 2 && Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        session.abort();
+        run_until(spec, &connections, |_, dialled| dialled >= 2).await;
         assert!(
-            connections.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+            connections.load(SeqCst) >= 2,
             "the session never gave up on a ping the upstream would not take"
         );
+    }
+
+    /// Subscribe messages larger than the socket's buffers, to an upstream
+    /// that reads nothing after the handshake: the session gives up within
+    /// the keepalive timeout (counted as `subscribe`) and dials again, rather
+    /// than waiting on the write for good.
+    #[tokio::test]
+    async fn subscribe_messages_the_upstream_does_not_take_end_the_session() {
+        let (url, connections) = upstream(|ws| async move {
+            // Holds the connection open and reads nothing.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(ws);
+        })
+        .await;
+        let spec = serde_json::json!({
+            "url": url,
+            "sink": {"log": {}},
+            "subscribe": ["x".repeat(32 << 20)],
+            "keepalive": {"intervalSeconds": 1, "timeoutSeconds": 1},
+        });
+        let deps = run_until(spec, &connections, |m, dialled| {
+            dialled >= 2 && errors(m, "subscribe") >= 1
+        })
+        .await;
+        assert!(
+            connections.load(SeqCst) >= 2,
+            "the session never gave up on subscribe messages the upstream would not take"
+        );
+        assert!(errors(&deps.metrics, "subscribe") >= 1);
+    }
+
+    /// A stop asked for while subscribe messages wait on an upstream that
+    /// reads nothing ends the session at once, not after the keepalive
+    /// timeout.
+    #[tokio::test]
+    async fn a_stop_while_subscribing_ends_the_session_at_once() {
+        let (url, connections) = upstream(|ws| async move {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(ws);
+        })
+        .await;
+        let spec = serde_json::json!({
+            "url": url,
+            "sink": {"log": {}},
+            "subscribe": ["x".repeat(32 << 20)],
+            "keepalive": {"intervalSeconds": 60, "timeoutSeconds": 600},
+        });
+        let cfg = config(spec, Arc::new(Semaphore::new(1)));
+        let progress = Arc::new(StreamProgress::new(None, None));
+        let ctl = SessionControl::default();
+        let session = tokio::spawn(run(cfg, progress, deps(), ctl.clone()));
+        while connections.load(SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Long enough for the subscribe message to fill the socket.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        ctl.stop.cancel();
+        let end = timeout(Duration::from_secs(5), session).await;
+        assert_eq!(
+            end.expect("still subscribing 5 s after the stop").unwrap(),
+            SessionEnd::Stopped
+        );
+    }
+
+    /// An upstream that ends the TCP connection without a close frame is
+    /// counted as `dropped`, not as a malformed stream: nothing it sent was
+    /// wrong, and operators look for different causes.
+    #[tokio::test]
+    async fn a_connection_ended_without_a_close_frame_is_counted_as_dropped() {
+        let (url, connections) = upstream(|ws| async move {
+            // The TCP connection closes with no close frame sent.
+            drop(ws.into_inner());
+        })
+        .await;
+        let spec = serde_json::json!({"url": url, "sink": {"log": {}}});
+        let deps = run_until(spec, &connections, |m, _| errors(m, "dropped") >= 1).await;
+        assert!(
+            errors(&deps.metrics, "dropped") >= 1,
+            "dropped {}, malformed {}, io {}",
+            errors(&deps.metrics, "dropped"),
+            errors(&deps.metrics, "malformed"),
+            errors(&deps.metrics, "io")
+        );
+        assert_eq!(errors(&deps.metrics, "malformed"), 0);
     }
 
     /// A sink that takes messages as JSON values is given only JSON. With a

@@ -269,13 +269,45 @@ mod tests {
     const PAUSE: Duration = Duration::from_millis(30);
     const BOUND: Duration = Duration::from_secs(10);
 
+    /// The server's side of a test connection: plain TCP or TLS.
+    trait Peer: AsyncRead + AsyncWrite + Unpin + Send {}
+    impl<T: AsyncRead + AsyncWrite + Unpin + Send> Peer for T {}
+    type Server = Box<dyn Peer>;
+
+    /// How the test server answers.
+    #[derive(Default)]
+    struct Answer {
+        /// TLS with a throwaway certificate the client trusts.
+        tls: bool,
+        /// Bytes sent in the same write as the end of the handshake's answer.
+        with_the_101: Vec<u8>,
+    }
+
     /// A client connected to a server that answers the handshake in two
     /// writes with a pause between them; the server's side of the socket.
-    async fn connected() -> (Ws, TcpStream) {
+    async fn connected() -> (Ws, Server) {
+        connected_with(Answer::default()).await
+    }
+
+    async fn connected_with(answer: Answer) -> (Ws, Server) {
+        crate::install_crypto_provider();
+        let (certified, key) = tether_testkit::upstream::self_signed(&["localhost"]);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("ws://{}/feed", listener.local_addr().unwrap());
+        let addr = listener.local_addr().unwrap();
+        let url = format!("ws://localhost:{}/feed", addr.port());
+        let server_tls = answer.tls.then(|| {
+            let config = rustls::ServerConfig::builder()
+                .with_no_client_auth()
+                .with_single_cert(vec![certified.cert.der().clone()], key)
+                .unwrap();
+            tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
+        });
         let server = async {
-            let (mut socket, _) = listener.accept().await.unwrap();
+            let (socket, _) = listener.accept().await.unwrap();
+            let mut socket: Server = match server_tls {
+                Some(acceptor) => Box::new(acceptor.accept(socket).await.unwrap()),
+                None => Box::new(socket),
+            };
             let mut request = Vec::new();
             while !request.ends_with(b"\r\n\r\n") {
                 let mut byte = [0u8; 1];
@@ -289,27 +321,39 @@ mod tests {
                 .expect("a key")
                 .trim()
                 .to_string();
-            let response = format!(
+            let mut response = format!(
                 "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n\r\n",
                 derive_accept_key(key.as_bytes())
-            );
-            let (first, rest) = response.as_bytes().split_at(20);
+            )
+            .into_bytes();
+            response.extend_from_slice(&answer.with_the_101);
+            let (first, rest) = response.split_at(20);
             socket.write_all(first).await.unwrap();
+            socket.flush().await.unwrap();
             sleep(PAUSE).await;
             socket.write_all(rest).await.unwrap();
+            socket.flush().await.unwrap();
             socket
         };
+        let client_tls = answer.tls.then(|| {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(certified.cert.der().clone()).unwrap();
+            let config = rustls::ClientConfig::builder()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        });
         // The client runs on a task of its own, so only its socket wakes it.
         let client = tokio::spawn(async move {
-            let tcp = TcpStream::connect(url.trim_start_matches("ws://").trim_end_matches("/feed"))
-                .await
-                .unwrap();
-            Ws::handshake(
-                url.as_str(),
-                Transport::Plain(tcp),
-                WebSocketConfig::default(),
-            )
-            .await
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let transport = match client_tls {
+                Some(connector) => {
+                    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+                    Transport::Tls(Box::new(connector.connect(name, tcp).await.unwrap()))
+                }
+                None => Transport::Plain(tcp),
+            };
+            Ws::handshake(url.as_str(), transport, WebSocketConfig::default()).await
         });
         let socket = timeout(BOUND, server).await.expect("the server answered");
         let ws = timeout(BOUND, client)
@@ -333,7 +377,7 @@ mod tests {
     }
 
     /// Reads one (masked) client frame: opcode and payload.
-    async fn client_frame(socket: &mut TcpStream) -> (u8, Vec<u8>) {
+    async fn client_frame(socket: &mut Server) -> (u8, Vec<u8>) {
         let mut head = [0u8; 2];
         socket.read_exact(&mut head).await.unwrap();
         assert_eq!(head[1] & 0x80, 0x80, "client frames are masked");
@@ -363,13 +407,51 @@ mod tests {
     /// answered while reading; the end of the connection ends the reads.
     #[tokio::test]
     async fn reads_go_on_when_the_rest_arrives_and_pings_are_answered() {
-        let (mut ws, mut server) = connected().await;
+        reads_go_on(Answer::default()).await;
+    }
+
+    /// The same through TLS: what wakes the reader is the TCP socket under
+    /// rustls, which may hold a record it has not yet given out.
+    #[tokio::test]
+    async fn reads_go_on_through_tls() {
+        reads_go_on(Answer {
+            tls: true,
+            ..Answer::default()
+        })
+        .await;
+    }
+
+    /// A first frame that comes in the same segment as the end of the
+    /// handshake's answer is read (tungstenite keeps what followed the 101).
+    #[tokio::test]
+    async fn a_frame_sent_with_the_handshakes_answer_is_read() {
+        for tls in [false, true] {
+            let (mut ws, _server) = connected_with(Answer {
+                tls,
+                with_the_101: frame(0x1, b"right away"),
+            })
+            .await;
+            let first = timeout(BOUND, tokio::spawn(async move { next(&mut ws).await }))
+                .await
+                .expect("the first frame was read without another wake-up")
+                .unwrap();
+            assert_eq!(
+                first.unwrap().unwrap(),
+                Message::Text("right away".into()),
+                "tls: {tls}"
+            );
+        }
+    }
+
+    async fn reads_go_on(answer: Answer) {
+        let (mut ws, mut server) = connected_with(answer).await;
         // Larger than the read buffer (128 KiB by default), in three pieces.
         let text = "x".repeat(200_000);
         let bytes = frame(0x1, text.as_bytes());
         let feeder = async {
             for piece in bytes.chunks(bytes.len() / 3 + 1) {
                 server.write_all(piece).await.unwrap();
+                server.flush().await.unwrap();
                 sleep(PAUSE).await;
             }
             server
@@ -380,6 +462,7 @@ mod tests {
                 .write_all(&frame(0x1, b"after the ping"))
                 .await
                 .unwrap();
+            server.flush().await.unwrap();
             let answer = client_frame(&mut server).await;
             (server, answer)
         };
