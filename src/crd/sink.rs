@@ -66,9 +66,10 @@ pub struct HttpSinkSpec {
 }
 
 /// How a message's text travels in a sink's JSON. `json` spares the
-/// escaping (every `"` of a JSON message written again as `\"`), which was
-/// the largest single cost of forwarding, and gives consumers the message as
-/// a value they need not parse twice. The key differs (`data` or `json`), so
+/// escaping (every `"` of a JSON message written again as `\"`) and gives
+/// consumers the message as a value they need not parse twice; the worker
+/// checks the whole message instead, where the default format reads it
+/// only up to its sequence number. The key differs (`data` or `json`), so
 /// a consumer tells the two apart by looking, also while a spec changes.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -10,6 +10,7 @@ mod progress;
 mod provenance;
 mod registry;
 mod sequence;
+mod sequence_prefix;
 mod session;
 mod socket;
 mod transport;

@@ -6,11 +6,19 @@
 //! everything else without building it. Building a `serde_json::Value` for
 //! every message (maps, a `String` per key and per string) was a third of a
 //! saturated session's CPU. The answers are `Value::pointer(..).as_u64()`'s,
-//! duplicate keys included (the last one wins), and the whole text must still
-//! be valid JSON.
+//! except that of duplicate keys the first one counts (a `Value` keeps the
+//! last; the first is what can be found without reading further).
+//!
+//! How much of the text must be JSON depends on the sink ([`Check`]): all
+//! of it, as values every parser takes, for a sink that embeds messages as
+//! JSON; with the default format (messages carried as strings) only the text
+//! up to the end of the number, which most messages let
+//! [`leading_u64`] read from their first bytes.
 
+use super::sequence_prefix::leading_u64;
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use std::cell::Cell;
 use std::fmt;
 
 /// A pointer parsed once per session.
@@ -56,30 +64,76 @@ impl SequencePointer {
     }
 
     /// The unsigned integer at the pointer in `text`; `Ok(None)` when the
-    /// document has none there, `Err` when `text` is not JSON (with
-    /// `embeddable`, not JSON every parser takes: see
-    /// [`is_embeddable_json`], checked in the same pass).
+    /// document has none there, `Err` when `text` is not JSON as far as
+    /// `check` asks.
     pub(super) fn u64_in(
         &self,
         text: &str,
-        embeddable: bool,
+        check: Check,
     ) -> Result<Option<u64>, serde_json::Error> {
-        let skip = if embeddable {
-            Skip::Values(MAX_EMBEDDED_DEPTH)
-        } else {
-            Skip::Grammar
-        };
+        match check {
+            Check::Embeddable => self.parse(text, Skip::Values(MAX_EMBEDDED_DEPTH), None),
+            Check::Grammar => self.parse(text, Skip::Grammar, None),
+            Check::UpToValue => {
+                let keys = self.tokens.as_deref().filter(|t| !t.is_empty());
+                if let Some(seq) =
+                    keys.and_then(|t| leading_u64(text, t.iter().map(|t| t.key.as_str())))
+                {
+                    return Ok(Some(seq));
+                }
+                self.parsed_up_to_value(text)
+            }
+        }
+    }
+
+    /// [`Check::UpToValue`] by serde_json alone. A whole parse is the
+    /// cheaper one when the text is JSON; when it is not, a second one stops
+    /// at the value (rare).
+    fn parsed_up_to_value(&self, text: &str) -> Result<Option<u64>, serde_json::Error> {
+        self.parse(text, Skip::Grammar, None).or_else(|e| {
+            let stopped_at = Cell::new(None);
+            let _ = self.parse(text, Skip::Grammar, Some(&stopped_at));
+            stopped_at.get().ok_or(e)
+        })
+    }
+
+    /// One serde_json pass. With `stop`, the pass ends at the end of the
+    /// value at the pointer (its answer put in `stop`), by way of an error,
+    /// and what follows is not read.
+    fn parse(
+        &self,
+        text: &str,
+        skip: Skip,
+        stop: Option<&Cell<Option<Option<u64>>>>,
+    ) -> Result<Option<u64>, serde_json::Error> {
         let mut de = serde_json::Deserializer::from_str(text);
         let found = match &self.tokens {
-            Some(tokens) => At { tokens, skip }.deserialize(&mut de)?,
+            Some(tokens) => At { tokens, skip, stop }.deserialize(&mut de)?,
             None => {
                 skip.value(&mut de)?;
                 None
             }
         };
-        de.end()?;
+        match stop {
+            // The whole document was the value (an empty pointer).
+            Some(stop) => stop.set(Some(found)),
+            None => de.end()?,
+        }
         Ok(found)
     }
+}
+
+/// How much of a message must be JSON for its sequence number to count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Check {
+    /// All of it, as values every parser takes ([`is_embeddable_json`],
+    /// checked in the same pass): for a sink that embeds messages as JSON.
+    Embeddable,
+    /// All of it, by the grammar (serde_json's skipping).
+    Grammar,
+    /// Up to the end of the value at the pointer; what follows is not read.
+    /// The sink carries the message as a string, whatever follows.
+    UpToValue,
 }
 
 /// Why a message has no sequence number to go by.
@@ -112,11 +166,16 @@ pub(super) fn sequence_of(
         }
         return Ok(Some(seq));
     };
-    let seq = match pointer.u64_in(text, embeddable) {
+    let check = if embeddable {
+        Check::Embeddable
+    } else {
+        Check::UpToValue
+    };
+    let seq = match pointer.u64_in(text, check) {
         Ok(found) => found,
         // Refused by the stricter check alone: said apart (rare, so the
         // second parse costs nothing that matters).
-        Err(_) if embeddable && pointer.u64_in(text, false).is_ok() => {
+        Err(_) if embeddable && pointer.u64_in(text, Check::Grammar).is_ok() => {
             return Err(Unsequenced::NotEmbeddable(None));
         }
         Err(e) => return Err(Unsequenced::Unusable(format!("not JSON: {e}"))),
@@ -251,6 +310,32 @@ impl<'de> DeserializeSeed<'de> for Skip {
 struct At<'p> {
     tokens: &'p [Token],
     skip: Skip,
+    /// Where the answer goes when the pass is to end at the value.
+    stop: Option<&'p Cell<Option<Option<u64>>>>,
+}
+
+impl<'p> At<'p> {
+    /// The seed for the member or element this one names.
+    fn next<E: serde::de::Error>(&self) -> Result<(At<'p>, Skip), E> {
+        let skip = self.skip.nested()?;
+        let next = At {
+            tokens: self.tokens.get(1..).unwrap_or_default(),
+            skip,
+            stop: self.stop,
+        };
+        Ok((next, skip))
+    }
+
+    /// `found`, the value the pointer names; with `stop`, the pass ends here.
+    fn found<E: serde::de::Error>(&self, found: Option<u64>) -> Result<Option<u64>, E> {
+        match self.stop {
+            Some(stop) => {
+                stop.set(Some(found));
+                Err(E::custom("stopped at the sequence number"))
+            }
+            None => Ok(found),
+        }
+    }
 }
 
 impl<'de> DeserializeSeed<'de> for At<'_> {
@@ -288,41 +373,33 @@ impl<'de> Visitor<'de> for At<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<u64>, A::Error> {
-        let skip = self.skip.nested()?;
-        let next = At {
-            tokens: self.tokens.get(1..).unwrap_or_default(),
-            skip,
-        };
+        let (next, skip) = self.next()?;
+        let key = self.tokens.first().map(|t| t.key.as_str());
+        // Of duplicate keys the first counts: later ones are skipped.
         let mut found = None;
-        while let Some(hit) =
-            map.next_key_seed(KeyIs(self.tokens.first().map(|t| t.key.as_str())))?
-        {
+        while let Some(hit) = map.next_key_seed(KeyIs(key.filter(|_| found.is_none())))? {
             if hit {
-                // A later duplicate replaces an earlier one, as in a `Value`.
-                found = map.next_value_seed(At { ..next })?;
+                let value = map.next_value_seed(At { ..next })?;
+                found = Some(self.found(value)?);
             } else {
                 map.next_value_seed(skip)?;
             }
         }
-        Ok(found)
+        Ok(found.flatten())
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<u64>, A::Error> {
-        let skip = self.skip.nested()?;
-        let next = At {
-            tokens: self.tokens.get(1..).unwrap_or_default(),
-            skip,
-        };
+        let (next, skip) = self.next()?;
         let wanted = self.tokens.first().and_then(|t| t.index);
         let mut found = None;
         let mut i = 0;
         loop {
-            let more = if Some(i) == wanted {
-                seq.next_element_seed(At { ..next })?.map(|v| found = v)
-            } else {
-                seq.next_element_seed(skip)?
-            };
-            if more.is_none() {
+            if Some(i) == wanted {
+                match seq.next_element_seed(At { ..next })? {
+                    Some(value) => found = self.found(value)?,
+                    None => return Ok(found),
+                }
+            } else if seq.next_element_seed(skip)?.is_none() {
                 return Ok(found);
             }
             i += 1;
@@ -405,7 +482,7 @@ mod tests {
                 "{doc}"
             );
             // By the grammar alone, each has its number.
-            assert!(seq.u64_in(doc, false).unwrap().is_some(), "{doc}");
+            assert!(seq.u64_in(doc, Check::Grammar).unwrap().is_some(), "{doc}");
         }
         let nested = format!(r#"{{"seq":4,"x":{}}}"#, deep(MAX_EMBEDDED_DEPTH as usize));
         assert_eq!(
@@ -467,23 +544,33 @@ mod tests {
         assert!(sequence_of(r#"{"seq":"13"}"#, Some(&seq), &mut hw, false).is_err());
         assert!(sequence_of("not json", Some(&seq), &mut hw, false).is_err());
         assert_eq!(hw, Some(12));
+        // Carried as a string, a message broken after its number is
+        // delivered; embedded as JSON, it cannot be.
+        let broken = r#"{"seq":13,"x":"#;
+        assert!(sequence_of(broken, Some(&seq), &mut hw.clone(), true).is_err());
+        assert_eq!(
+            sequence_of(broken, Some(&seq), &mut hw, false),
+            Ok(Some(13))
+        );
     }
 
+    const CHECKS: [Check; 3] = [Check::Grammar, Check::Embeddable, Check::UpToValue];
+
     /// The streaming lookup gives `Value::pointer(..).as_u64()`'s answer, and
-    /// refuses what `serde_json` refuses, over documents and pointers chosen
-    /// for the corners: escapes, arrays and index rules, duplicates, numbers
-    /// that are not unsigned integers, nesting, invalid and trailing text.
+    /// refuses what `serde_json` refuses (all of it with the whole-text
+    /// checks, up to the value with [`Check::UpToValue`]), over documents
+    /// and pointers chosen for the corners: escapes, arrays and index rules,
+    /// numbers that are not unsigned integers, nesting, invalid and trailing
+    /// text. (Duplicate keys are the next test's.)
     #[test]
     fn the_streaming_lookup_agrees_with_value_pointer() {
         let documents = [
             r#"{"seq":7}"#,
-            r#"{"seq":7,"seq":8}"#,
-            r#"{"seq":{"n":1},"seq":2}"#,
-            r#"{"seq":2,"seq":{"n":1}}"#,
             r#"{"a/b":3,"m~n":4,"":5,"a":{"":6}}"#,
             r#"{"a":[10,11,{"b":12}],"b":[[1,2],[3,4]]}"#,
             r#"[5,6,7]"#,
             r#"{"seq":-1}"#,
+            r#"{"seq":-0}"#,
             r#"{"seq":1.0}"#,
             r#"{"seq":18446744073709551615}"#,
             r#"{"seq":18446744073709551616}"#,
@@ -493,15 +580,19 @@ mod tests {
             r#"{"x":"a \"quoted\" \\ string \u00e9 \ud83d\ude00","seq":9}"#,
             r#"{"se\u0071":13}"#,
             r#"{"deep":{"er":{"est":[0,{"seq":14}]}}}"#,
+            r#"{"a":1,"b":"two","c":true,"d":null,"e":-1.5e-3,"seq":16}"#,
             "42",
             r#"{"seq":1} trailing"#,
             r#"{"seq":1,}"#,
             r#"{"seq":1"#,
+            r#"{"seq":12x"#,
+            r#"{"seq":01}"#,
             r#"{"x":[1,2,],"seq":1}"#,
             r#"{"x":"unterminated}"#,
             "",
             "not json",
             r#"  {"seq" : 15 }  "#,
+            "\u{feff}{\"seq\":1}",
         ];
         let pointers = [
             "",
@@ -527,21 +618,170 @@ mod tests {
             "seq",
             "/seq/0",
         ];
+        // Not JSON, but JSON up to the end of the number the pointer names.
+        let up_to_value = [
+            (r#"{"seq":1} trailing"#, "/seq", 1),
+            (r#"{"seq":1,}"#, "/seq", 1),
+            (r#"{"seq":1"#, "/seq", 1),
+            (r#"{"seq":12x"#, "/seq", 12),
+            (r#"{"x":[1,2,],"seq":1}"#, "/x/0", 1),
+            (r#"{"x":[1,2,],"seq":1}"#, "/x/1", 2),
+        ];
         for doc in documents {
             let value: Result<serde_json::Value, _> = serde_json::from_str(doc);
             for p in pointers {
-                for embeddable in [false, true] {
-                    let fast = SequencePointer::new(p).u64_in(doc, embeddable);
-                    match &value {
-                        Ok(v) => assert_eq!(
-                            fast.ok(),
+                for check in CHECKS {
+                    let found = SequencePointer::new(p).u64_in(doc, check);
+                    let lenient = up_to_value.iter().find(|(d, at, _)| *d == doc && *at == p);
+                    match (&value, check, lenient) {
+                        (Ok(v), _, _) => assert_eq!(
+                            found.ok(),
                             Some(v.pointer(p).and_then(serde_json::Value::as_u64)),
-                            "document {doc:?}, pointer {p:?}"
+                            "document {doc:?}, pointer {p:?}, {check:?}"
                         ),
-                        Err(_) => assert!(fast.is_err(), "document {doc:?} is not JSON"),
+                        (Err(_), Check::UpToValue, Some((.., seq))) => {
+                            assert_eq!(found.ok(), Some(Some(*seq)), "{doc:?} at {p:?}");
+                        }
+                        (Err(_), Check::UpToValue, None) => assert!(
+                            matches!(found, Err(_) | Ok(None)),
+                            "{doc:?} at {p:?}: {found:?}"
+                        ),
+                        (Err(_), _, _) => {
+                            assert!(found.is_err(), "{doc:?} is not JSON ({check:?}, {p:?})")
+                        }
                     }
                 }
             }
         }
+    }
+
+    /// Of duplicate keys the first counts, with every check: it is the one
+    /// found without reading further.
+    #[test]
+    fn of_duplicate_keys_the_first_counts() {
+        let cases = [
+            (r#"{"seq":7,"seq":8}"#, "/seq", Some(7)),
+            (r#"{"seq":{"n":1},"seq":2}"#, "/seq", None),
+            (r#"{"seq":{"n":1},"seq":2}"#, "/seq/n", Some(1)),
+            (r#"{"seq":2,"seq":{"n":1}}"#, "/seq", Some(2)),
+            (r#"{"seq":2,"seq":{"n":1}}"#, "/seq/n", None),
+            (r#"{"m":{"n":3},"m":{"n":4}}"#, "/m/n", Some(3)),
+            (r#"{"se\u0071":5,"seq":6}"#, "/seq", Some(5)),
+        ];
+        for (doc, p, expected) in cases {
+            for check in CHECKS {
+                assert_eq!(
+                    SequencePointer::new(p).u64_in(doc, check).unwrap(),
+                    expected,
+                    "{doc} {p} {check:?}"
+                );
+            }
+        }
+    }
+
+    /// Whenever the read of the text before the number answers, serde_json
+    /// gives the same answer: over generated documents (plain and escaped
+    /// strings, numbers of every form, literals, nesting, whitespace) and
+    /// every one-byte deletion and substitution of them. The read must also
+    /// answer for the shapes it is for, or it saves nothing.
+    #[test]
+    fn the_read_before_the_number_agrees_with_serde_json() {
+        let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        const KEYS: &[&str] = &["seq", "a", "m", "n", r#"se\u0071"#, "x y", "é"];
+        const SCALARS: &[&str] = &[
+            "0",
+            "7",
+            "01",
+            "-3",
+            "-0",
+            "1.5",
+            "1.",
+            "1e3",
+            "2E-2",
+            "-",
+            "1000000",
+            "18446744073709551615",
+            "18446744073709551616",
+            r#""s""#,
+            r#""a\"b""#,
+            r#""é""#,
+            "true",
+            "false",
+            "null",
+            "tru",
+            r#""""#,
+        ];
+        const SPACE: &[&str] = &["", "", "", " ", "\n\t", "\r "];
+        fn value(next: &mut impl FnMut(usize) -> usize, depth: usize) -> String {
+            let space = SPACE[next(SPACE.len())];
+            match next(if depth > 2 { 1 } else { 4 }) {
+                0 | 1 => format!("{space}{}{space}", SCALARS[next(SCALARS.len())]),
+                2 => {
+                    let members: Vec<String> = (0..next(4))
+                        .map(|_| {
+                            format!(
+                                "{space}\"{}\"{space}:{}",
+                                KEYS[next(KEYS.len())],
+                                value(next, depth + 1)
+                            )
+                        })
+                        .collect();
+                    format!("{{{}}}", members.join(","))
+                }
+                _ => {
+                    let items: Vec<String> = (0..next(3)).map(|_| value(next, depth + 1)).collect();
+                    format!("[{}]", items.join(","))
+                }
+            }
+        }
+        let pointers: Vec<SequencePointer> = ["/seq", "/m/n", "/a", "/m/seq", "/0"]
+            .into_iter()
+            .map(SequencePointer::new)
+            .collect();
+        let (mut answered, mut checked) = (0, 0);
+        for _ in 0..1_500 {
+            let members: Vec<String> = (0..1 + next(4))
+                .map(|_| format!("\"{}\":{}", KEYS[next(KEYS.len())], value(&mut next, 1)))
+                .collect();
+            let doc = format!("{{{}}}", members.join(","));
+            let mut variants = vec![doc.clone()];
+            for (at, c) in doc.char_indices() {
+                let mut deleted = doc.clone();
+                deleted.replace_range(at..at + c.len_utf8(), "");
+                variants.push(deleted);
+                let mut swapped = doc.clone();
+                let with = ["\"", "}", ",", "1", " ", "x", "\\", "{", ".", ":"][next(10)];
+                swapped.replace_range(at..at + c.len_utf8(), with);
+                variants.push(swapped);
+            }
+            for text in &variants {
+                for pointer in &pointers {
+                    let keys = pointer.tokens.as_deref().unwrap();
+                    let Some(seq) = leading_u64(text, keys.iter().map(|t| t.key.as_str())) else {
+                        continue;
+                    };
+                    answered += 1;
+                    assert_eq!(
+                        pointer.parsed_up_to_value(text).ok(),
+                        Some(Some(seq)),
+                        "{text:?} at {}",
+                        pointer.text
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 100_000, "{checked} texts");
+        assert!(answered > 5_000, "the read answered only {answered} times");
+        let bench = r#"{"seq":1000123,"payload":"xxxxxxxx"}"#;
+        assert_eq!(leading_u64(bench, ["seq"]), Some(1_000_123));
+        let feed = r#"{"type":"trade","price":1.5e2,"ok":true,"data":{"id":"x","seq":9},"x":[1]}"#;
+        assert_eq!(leading_u64(feed, ["data", "seq"]), Some(9));
     }
 }
