@@ -114,10 +114,10 @@ pub enum DesiredStateSpec {
 #[serde(rename_all = "camelCase")]
 pub struct SequenceSpec {
     /// RFC 6901 JSON pointer to an integer in each text message, e.g. `/seq`.
-    /// Messages at or below the checkpoint (replays) are skipped. Of duplicate
-    /// keys the first counts. The text must be JSON up to the end of the
-    /// number (all of it with `dataFormat: json`); a message without one is
-    /// skipped, logged and counted.
+    /// Messages at or below the checkpoint (replays) are skipped. The text
+    /// must be JSON up to the end of the number, and of duplicate keys the
+    /// first counts; with `dataFormat: json`, all of it must be JSON and the
+    /// last counts. A message without one is skipped, logged and counted.
     #[schemars(pattern(r"^(/([^~]|~[01])*)*$"))]
     pub pointer: String,
 }

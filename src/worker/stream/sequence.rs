@@ -5,15 +5,15 @@
 //! only into the object member or array element the pointer names and skips
 //! everything else without building it. Building a `serde_json::Value` for
 //! every message (maps, a `String` per key and per string) was a third of a
-//! saturated session's CPU. The answers are `Value::pointer(..).as_u64()`'s,
-//! except that of duplicate keys the first one counts (a `Value` keeps the
-//! last; the first is what can be found without reading further).
+//! saturated session's CPU. The answers are `Value::pointer(..).as_u64()`'s.
 //!
 //! How much of the text must be JSON depends on the sink ([`Check`]): all
 //! of it, as values every parser takes, for a sink that embeds messages as
 //! JSON; with the default format (messages carried as strings) only the text
-//! up to the end of the number, which most messages let
-//! [`leading_u64`] read from their first bytes.
+//! up to the end of the number, which most messages let [`leading_u64`]
+//! read from their first bytes. Read that way, of duplicate keys the first
+//! counts (a `Value` keeps the last, which cannot be known without reading
+//! to the end).
 
 use super::sequence_prefix::leading_u64;
 use serde::Deserialize;
@@ -72,8 +72,8 @@ impl SequencePointer {
         check: Check,
     ) -> Result<Option<u64>, serde_json::Error> {
         match check {
-            Check::Embeddable => self.parse(text, Skip::Values(MAX_EMBEDDED_DEPTH), None),
-            Check::Grammar => self.parse(text, Skip::Grammar, None),
+            Check::Embeddable => self.parse(text, Skip::Values(MAX_EMBEDDED_DEPTH), Of::Last),
+            Check::Grammar => self.parse(text, Skip::Grammar, Of::Last),
             Check::UpToValue => {
                 let keys = self.tokens.as_deref().filter(|t| !t.is_empty());
                 if let Some(seq) =
@@ -90,36 +90,77 @@ impl SequencePointer {
     /// cheaper one when the text is JSON; when it is not, a second one stops
     /// at the value (rare).
     fn parsed_up_to_value(&self, text: &str) -> Result<Option<u64>, serde_json::Error> {
-        self.parse(text, Skip::Grammar, None).or_else(|e| {
-            let stopped_at = Cell::new(None);
-            let _ = self.parse(text, Skip::Grammar, Some(&stopped_at));
-            stopped_at.get().ok_or(e)
+        self.parse(text, Skip::Grammar, Of::First).or_else(|e| {
+            let answer = Cell::new(None);
+            let _ = self.parse(
+                text,
+                Skip::Grammar,
+                Of::FirstThenStop {
+                    text,
+                    answer: &answer,
+                },
+            );
+            answer.get().ok_or(e)
         })
     }
 
-    /// One serde_json pass. With `stop`, the pass ends at the end of the
-    /// value at the pointer (its answer put in `stop`), by way of an error,
-    /// and what follows is not read.
-    fn parse(
-        &self,
-        text: &str,
-        skip: Skip,
-        stop: Option<&Cell<Option<Option<u64>>>>,
-    ) -> Result<Option<u64>, serde_json::Error> {
+    /// One serde_json pass.
+    fn parse(&self, text: &str, skip: Skip, of: Of) -> Result<Option<u64>, serde_json::Error> {
         let mut de = serde_json::Deserializer::from_str(text);
         let found = match &self.tokens {
-            Some(tokens) => At { tokens, skip, stop }.deserialize(&mut de)?,
+            Some(tokens) => At { tokens, skip, of }.deserialize(&mut de)?,
             None => {
                 skip.value(&mut de)?;
                 None
             }
         };
-        match stop {
-            // The whole document was the value (an empty pointer).
-            Some(stop) => stop.set(Some(found)),
-            None => de.end()?,
+        match of {
+            // Not stopped: no value at the pointer, or the whole document
+            // was the value (an empty pointer).
+            Of::FirstThenStop { answer, .. } => answer.set(Some(found)),
+            Of::First | Of::Last => de.end()?,
         }
         Ok(found)
+    }
+}
+
+/// Which of duplicate keys counts, and whether the pass ends at its value.
+#[derive(Clone, Copy)]
+enum Of<'a> {
+    /// The last, as in a `Value`: what a consumer's parser keeps.
+    Last,
+    /// The first: what can be found without reading further.
+    First,
+    /// The first, and the pass over `text` ends at the end of its value
+    /// (its answer put in `answer`), by way of an error, so what follows is
+    /// not read; but something must follow (see [`Ending`]).
+    FirstThenStop {
+        text: &'a str,
+        answer: &'a Cell<Option<Option<u64>>>,
+    },
+}
+
+/// The value at the end of the pointer, in a pass that stops there: its
+/// answer, or an error when it runs to the end of the text (a number there
+/// may have been cut short; serde_json would take it as whole).
+struct Ending<'a> {
+    text: &'a str,
+}
+
+impl<'de> DeserializeSeed<'de> for Ending<'_> {
+    type Value = Option<u64>;
+
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Option<u64>, D::Error> {
+        let raw = <&serde_json::value::RawValue>::deserialize(de)?;
+        let end = |s: &str| s.as_bytes().as_ptr_range().end;
+        if end(raw.get()) == end(self.text) {
+            return Err(serde::de::Error::custom(
+                "the text ends with the value, which may have been cut short",
+            ));
+        }
+        Ok(serde_json::from_str::<serde_json::Value>(raw.get())
+            .ok()
+            .and_then(|v| v.as_u64()))
     }
 }
 
@@ -310,8 +351,7 @@ impl<'de> DeserializeSeed<'de> for Skip {
 struct At<'p> {
     tokens: &'p [Token],
     skip: Skip,
-    /// Where the answer goes when the pass is to end at the value.
-    stop: Option<&'p Cell<Option<Option<u64>>>>,
+    of: Of<'p>,
 }
 
 impl<'p> At<'p> {
@@ -321,19 +361,28 @@ impl<'p> At<'p> {
         let next = At {
             tokens: self.tokens.get(1..).unwrap_or_default(),
             skip,
-            stop: self.stop,
+            of: self.of,
         };
         Ok((next, skip))
     }
 
-    /// `found`, the value the pointer names; with `stop`, the pass ends here.
+    /// In a pass that stops at the value, the seed for it when this level
+    /// names it.
+    fn ending(&self) -> Option<Ending<'p>> {
+        match self.of {
+            Of::FirstThenStop { text, .. } if self.tokens.len() == 1 => Some(Ending { text }),
+            _ => None,
+        }
+    }
+
+    /// `found`, the value the pointer names; the pass ends here if it is to.
     fn found<E: serde::de::Error>(&self, found: Option<u64>) -> Result<Option<u64>, E> {
-        match self.stop {
-            Some(stop) => {
-                stop.set(Some(found));
+        match self.of {
+            Of::FirstThenStop { answer, .. } => {
+                answer.set(Some(found));
                 Err(E::custom("stopped at the sequence number"))
             }
-            None => Ok(found),
+            Of::First | Of::Last => Ok(found),
         }
     }
 }
@@ -375,11 +424,17 @@ impl<'de> Visitor<'de> for At<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<u64>, A::Error> {
         let (next, skip) = self.next()?;
         let key = self.tokens.first().map(|t| t.key.as_str());
-        // Of duplicate keys the first counts: later ones are skipped.
+        let first = !matches!(self.of, Of::Last);
         let mut found = None;
-        while let Some(hit) = map.next_key_seed(KeyIs(key.filter(|_| found.is_none())))? {
+        // Reading for the first of duplicate keys, later ones are skipped.
+        while let Some(hit) =
+            map.next_key_seed(KeyIs(key.filter(|_| !(first && found.is_some()))))?
+        {
             if hit {
-                let value = map.next_value_seed(At { ..next })?;
+                let value = match self.ending() {
+                    Some(ending) => map.next_value_seed(ending)?,
+                    None => map.next_value_seed(At { ..next })?,
+                };
                 found = Some(self.found(value)?);
             } else {
                 map.next_value_seed(skip)?;
@@ -395,7 +450,11 @@ impl<'de> Visitor<'de> for At<'_> {
         let mut i = 0;
         loop {
             if Some(i) == wanted {
-                match seq.next_element_seed(At { ..next })? {
+                let value = match self.ending() {
+                    Some(ending) => seq.next_element_seed(ending)?,
+                    None => seq.next_element_seed(At { ..next })?,
+                };
+                match value {
                     Some(value) => found = self.found(value)?,
                     None => return Ok(found),
                 }
@@ -435,6 +494,7 @@ impl<'de> Visitor<'de> for KeyIs<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::worker::stream::sequence_prefix::number_and_end;
 
     #[test]
     fn only_json_every_parser_takes_is_embedded() {
@@ -566,6 +626,9 @@ mod tests {
     fn the_streaming_lookup_agrees_with_value_pointer() {
         let documents = [
             r#"{"seq":7}"#,
+            r#"{"seq":7,"seq":8}"#,
+            r#"{"seq":{"n":1},"seq":2}"#,
+            r#"{"seq":2,"seq":{"n":1}}"#,
             r#"{"a/b":3,"m~n":4,"":5,"a":{"":6}}"#,
             r#"{"a":[10,11,{"b":12}],"b":[[1,2],[3,4]]}"#,
             r#"[5,6,7]"#,
@@ -585,6 +648,7 @@ mod tests {
             r#"{"seq":1} trailing"#,
             r#"{"seq":1,}"#,
             r#"{"seq":1"#,
+            r#"{"seq":12 "#,
             r#"{"seq":12x"#,
             r#"{"seq":01}"#,
             r#"{"x":[1,2,],"seq":1}"#,
@@ -618,22 +682,39 @@ mod tests {
             "seq",
             "/seq/0",
         ];
-        // Not JSON, but JSON up to the end of the number the pointer names.
+        // Not JSON, but JSON up to the end of the number the pointer names
+        // (`{"seq":1` is not: the number may go on).
         let up_to_value = [
             (r#"{"seq":1} trailing"#, "/seq", 1),
             (r#"{"seq":1,}"#, "/seq", 1),
-            (r#"{"seq":1"#, "/seq", 1),
+            (r#"{"seq":12 "#, "/seq", 12),
             (r#"{"seq":12x"#, "/seq", 12),
             (r#"{"x":[1,2,],"seq":1}"#, "/x/0", 1),
             (r#"{"x":[1,2,],"seq":1}"#, "/x/1", 2),
         ];
+        // Not JSON up to the value either.
+        let refused = [
+            (r#"{"seq":1"#, "/seq"),
+            (r#"{"seq":01}"#, "/seq"),
+            (r#"{"x":[1,2,],"seq":1}"#, "/seq"),
+            (r#"{"x":[1,2,],"seq":1}"#, "/x"),
+        ];
+        let refused_whole = [
+            "",
+            "not json",
+            r#"{"x":"unterminated}"#,
+            "\u{feff}{\"seq\":1}",
+        ];
         for doc in documents {
             let value: Result<serde_json::Value, _> = serde_json::from_str(doc);
+            let duplicates = doc.matches(r#""seq":"#).count() > 1;
             for p in pointers {
                 for check in CHECKS {
                     let found = SequencePointer::new(p).u64_in(doc, check);
                     let lenient = up_to_value.iter().find(|(d, at, _)| *d == doc && *at == p);
                     match (&value, check, lenient) {
+                        // The first of duplicates counts: the next test's.
+                        (Ok(_), Check::UpToValue, _) if duplicates => {}
                         (Ok(v), _, _) => assert_eq!(
                             found.ok(),
                             Some(v.pointer(p).and_then(serde_json::Value::as_u64)),
@@ -642,12 +723,21 @@ mod tests {
                         (Err(_), Check::UpToValue, Some((.., seq))) => {
                             assert_eq!(found.ok(), Some(Some(*seq)), "{doc:?} at {p:?}");
                         }
-                        (Err(_), Check::UpToValue, None) => assert!(
-                            matches!(found, Err(_) | Ok(None)),
-                            "{doc:?} at {p:?}: {found:?}"
-                        ),
+                        (Err(_), Check::UpToValue, None)
+                            if !refused.contains(&(doc, p)) && !refused_whole.contains(&doc) =>
+                        {
+                            // No number there: the value is something else,
+                            // or the text before it is not JSON.
+                            assert!(
+                                matches!(found, Ok(None) | Err(_)),
+                                "{doc:?} at {p:?}: {found:?}"
+                            );
+                        }
                         (Err(_), _, _) => {
-                            assert!(found.is_err(), "{doc:?} is not JSON ({check:?}, {p:?})")
+                            assert!(
+                                found.is_err(),
+                                "{doc:?} is not JSON ({check:?}, {p:?}): {found:?}"
+                            )
                         }
                     }
                 }
@@ -655,10 +745,11 @@ mod tests {
         }
     }
 
-    /// Of duplicate keys the first counts, with every check: it is the one
-    /// found without reading further.
+    /// Read up to the number, of duplicate keys the first counts: it is the
+    /// one found without reading further. (Checked whole, the last counts,
+    /// as in a `Value`: the test above.)
     #[test]
-    fn of_duplicate_keys_the_first_counts() {
+    fn read_up_to_the_number_the_first_of_duplicate_keys_counts() {
         let cases = [
             (r#"{"seq":7,"seq":8}"#, "/seq", Some(7)),
             (r#"{"seq":{"n":1},"seq":2}"#, "/seq", None),
@@ -667,23 +758,53 @@ mod tests {
             (r#"{"seq":2,"seq":{"n":1}}"#, "/seq/n", None),
             (r#"{"m":{"n":3},"m":{"n":4}}"#, "/m/n", Some(3)),
             (r#"{"se\u0071":5,"seq":6}"#, "/seq", Some(5)),
+            (r#"{"seq":7,"seq":8,"x":"#, "/seq", Some(7)),
         ];
         for (doc, p, expected) in cases {
+            assert_eq!(
+                SequencePointer::new(p)
+                    .u64_in(doc, Check::UpToValue)
+                    .unwrap(),
+                expected,
+                "{doc} {p}"
+            );
+        }
+    }
+
+    /// Nesting serde_json refuses (128 levels) is refused read up to the
+    /// number too; the read leaves deep pointers to serde_json.
+    #[test]
+    fn nesting_serde_json_refuses_is_refused_however_it_is_read() {
+        for (levels, accepted) in [(100, true), (101, true), (127, true), (128, false)] {
+            let pointer = SequencePointer::new(&"/a".repeat(levels));
+            let text = format!("{}1{}", r#"{"a":"#.repeat(levels), "}".repeat(levels));
+            assert_eq!(
+                leading_u64(&text, std::iter::repeat_n("a", levels)),
+                (levels <= 100).then_some(1),
+                "{levels} levels"
+            );
             for check in CHECKS {
+                let found = pointer.u64_in(&text, check);
+                // Embedded, the body's own levels come on top.
+                let embeddable = levels <= MAX_EMBEDDED_DEPTH as usize;
+                let accepted = accepted && (check != Check::Embeddable || embeddable);
                 assert_eq!(
-                    SequencePointer::new(p).u64_in(doc, check).unwrap(),
-                    expected,
-                    "{doc} {p} {check:?}"
+                    found.is_ok(),
+                    accepted,
+                    "{levels} levels, {check:?}: {found:?}"
                 );
             }
         }
     }
 
     /// Whenever the read of the text before the number answers, serde_json
-    /// gives the same answer: over generated documents (plain and escaped
-    /// strings, numbers of every form, literals, nesting, whitespace) and
-    /// every one-byte deletion and substitution of them. The read must also
-    /// answer for the shapes it is for, or it saves nothing.
+    /// gives the same answer, and the text up to where the read says the
+    /// number ends, closed, is a JSON document with that number at the
+    /// pointer (a check that shares no code with either): over generated
+    /// documents (plain and escaped strings, numbers of every form,
+    /// literals, nesting, whitespace, keys that need `~0` and `~1`) and every
+    /// one-byte deletion, substitution and insertion of them. The read must
+    /// also answer for the shapes it is for, or it saves nothing.
     #[test]
     fn the_read_before_the_number_agrees_with_serde_json() {
         let mut state: u64 = 0x2545_f491_4f6c_dd1d;
@@ -693,7 +814,19 @@ mod tests {
             state ^= state << 17;
             (state % n as u64) as usize
         };
-        const KEYS: &[&str] = &["seq", "a", "m", "n", r#"se\u0071"#, "x y", "é"];
+        const KEYS: &[&str] = &[
+            "seq",
+            "a",
+            "m",
+            "n",
+            "0",
+            "a/b",
+            "m~n",
+            "",
+            r#"se\u0071"#,
+            "x y",
+            "é",
+        ];
         const SCALARS: &[&str] = &[
             "0",
             "7",
@@ -704,66 +837,77 @@ mod tests {
             "1.",
             "1e3",
             "2E-2",
+            "1e",
             "-",
             "1000000",
             "18446744073709551615",
             "18446744073709551616",
+            "123456789012345678901234567890",
             r#""s""#,
             r#""a\"b""#,
             r#""é""#,
+            "\"\u{7f}\"",
             "true",
             "false",
             "null",
             "tru",
+            "nul",
             r#""""#,
         ];
         const SPACE: &[&str] = &["", "", "", " ", "\n\t", "\r "];
+        const BYTES: &[&str] = &[
+            "\"", "}", "{", ",", ":", "1", "0", "-", "+", "e", "E", ".", " ", "\t", "x", "t", "\\",
+            "[", "]", "\u{1}", "\u{7f}", "é",
+        ];
+        fn member(next: &mut impl FnMut(usize) -> usize, depth: usize) -> String {
+            let space = SPACE[next(SPACE.len())];
+            let key = KEYS[next(KEYS.len())];
+            format!("{space}\"{key}\"{space}:{}", value(next, depth + 1))
+        }
         fn value(next: &mut impl FnMut(usize) -> usize, depth: usize) -> String {
             let space = SPACE[next(SPACE.len())];
-            match next(if depth > 2 { 1 } else { 4 }) {
+            match next(if depth > 3 { 1 } else { 4 }) {
                 0 | 1 => format!("{space}{}{space}", SCALARS[next(SCALARS.len())]),
                 2 => {
-                    let members: Vec<String> = (0..next(4))
-                        .map(|_| {
-                            format!(
-                                "{space}\"{}\"{space}:{}",
-                                KEYS[next(KEYS.len())],
-                                value(next, depth + 1)
-                            )
-                        })
-                        .collect();
-                    format!("{{{}}}", members.join(","))
+                    let members: Vec<String> = (0..next(4)).map(|_| member(next, depth)).collect();
+                    format!("{space}{{{}}}{space}", members.join(","))
                 }
                 _ => {
                     let items: Vec<String> = (0..next(3)).map(|_| value(next, depth + 1)).collect();
-                    format!("[{}]", items.join(","))
+                    format!("{space}[{}]{space}", items.join(","))
                 }
             }
         }
-        let pointers: Vec<SequencePointer> = ["/seq", "/m/n", "/a", "/m/seq", "/0"]
-            .into_iter()
-            .map(SequencePointer::new)
-            .collect();
+        let pointers: Vec<SequencePointer> = [
+            "/seq", "/m/n", "/a", "/m/seq", "/0", "/a~1b", "/m~0n", "/", "/a/m/n",
+        ]
+        .into_iter()
+        .map(SequencePointer::new)
+        .collect();
         let (mut answered, mut checked) = (0, 0);
-        for _ in 0..1_500 {
-            let members: Vec<String> = (0..1 + next(4))
-                .map(|_| format!("\"{}\":{}", KEYS[next(KEYS.len())], value(&mut next, 1)))
-                .collect();
+        for _ in 0..1_200 {
+            let members: Vec<String> = (0..1 + next(4)).map(|_| member(&mut next, 0)).collect();
             let doc = format!("{{{}}}", members.join(","));
             let mut variants = vec![doc.clone()];
             for (at, c) in doc.char_indices() {
                 let mut deleted = doc.clone();
                 deleted.replace_range(at..at + c.len_utf8(), "");
-                variants.push(deleted);
                 let mut swapped = doc.clone();
-                let with = ["\"", "}", ",", "1", " ", "x", "\\", "{", ".", ":"][next(10)];
-                swapped.replace_range(at..at + c.len_utf8(), with);
-                variants.push(swapped);
+                swapped.replace_range(at..at + c.len_utf8(), BYTES[next(BYTES.len())]);
+                let mut inserted = doc.clone();
+                inserted.insert_str(at, BYTES[next(BYTES.len())]);
+                variants.extend([deleted, swapped, inserted]);
             }
             for text in &variants {
                 for pointer in &pointers {
-                    let keys = pointer.tokens.as_deref().unwrap();
-                    let Some(seq) = leading_u64(text, keys.iter().map(|t| t.key.as_str())) else {
+                    let keys: Vec<&str> = pointer
+                        .tokens
+                        .as_deref()
+                        .unwrap()
+                        .iter()
+                        .map(|t| t.key.as_str())
+                        .collect();
+                    let Some((seq, end)) = number_and_end(text, keys.iter().copied()) else {
                         continue;
                     };
                     answered += 1;
@@ -773,6 +917,17 @@ mod tests {
                         "{text:?} at {}",
                         pointer.text
                     );
+                    let closed = format!("{}{}", &text[..end], "}".repeat(keys.len()));
+                    let value: serde_json::Value = serde_json::from_str(&closed)
+                        .unwrap_or_else(|e| panic!("{closed:?} from {text:?}: {e}"));
+                    assert_eq!(
+                        value
+                            .pointer(&pointer.text)
+                            .and_then(serde_json::Value::as_u64),
+                        Some(seq),
+                        "{closed:?} from {text:?}"
+                    );
+                    assert!(end < text.len(), "something follows the number in {text:?}");
                 }
                 checked += 1;
             }

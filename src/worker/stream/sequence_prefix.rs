@@ -19,11 +19,26 @@
 /// of them object keys), read from the text before it; `None` when the text
 /// is not in the shape this reads.
 pub(super) fn leading_u64<'k>(text: &str, keys: impl IntoIterator<Item = &'k str>) -> Option<u64> {
+    number_and_end(text, keys).map(|(seq, _)| seq)
+}
+
+/// Objects deeper than this are left to serde_json, which refuses nesting
+/// beyond 127 levels.
+const MAX_DEPTH: usize = 100;
+
+/// [`leading_u64`], and where the number ends in the text.
+pub(super) fn number_and_end<'k>(
+    text: &str,
+    keys: impl IntoIterator<Item = &'k str>,
+) -> Option<(u64, usize)> {
     let mut scan = Scan {
         bytes: text.as_bytes(),
         at: 0,
     };
-    for key in keys {
+    for (depth, key) in keys.into_iter().enumerate() {
+        if depth == MAX_DEPTH {
+            return None;
+        }
         scan.expect(b'{')?;
         loop {
             scan.expect(b'"')?;
@@ -36,7 +51,7 @@ pub(super) fn leading_u64<'k>(text: &str, keys: impl IntoIterator<Item = &'k str
             scan.expect(b',')?;
         }
     }
-    scan.unsigned()
+    scan.unsigned().map(|seq| (seq, scan.at))
 }
 
 struct Scan<'t> {
@@ -130,14 +145,18 @@ impl<'t> Scan<'t> {
 
     /// An unsigned integer as serde_json reads one: no sign, no leading
     /// zero, no fraction or exponent after it (then it is a float), within
-    /// `u64`. What follows it is not read.
+    /// `u64`. Something must follow it (a text that ends in a digit may
+    /// have been cut inside the number); what, is not read.
     fn unsigned(&mut self) -> Option<u64> {
         self.whitespace();
         let start = self.at;
         self.digits();
         let digits = &self.bytes[start..self.at];
         let leading_zero = digits.len() > 1 && digits[0] == b'0';
-        if digits.is_empty() || leading_zero || matches!(self.peek(), Some(b'.' | b'e' | b'E')) {
+        if digits.is_empty()
+            || leading_zero
+            || matches!(self.peek(), None | Some(b'.' | b'e' | b'E'))
+        {
             return None;
         }
         digits.iter().try_fold(0u64, |n, d| {
