@@ -905,24 +905,35 @@ mod tests {
         );
     }
 
+    /// An upstream that holds each connection open and reads nothing after
+    /// the handshake.
+    async fn deaf_upstream() -> (String, Arc<AtomicUsize>) {
+        upstream(|ws| async move {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(ws);
+        })
+        .await
+    }
+
+    /// A spec for `url` whose subscribe message is larger than the socket's
+    /// buffers, with the keepalive's interval and timeout in seconds.
+    fn subscribing(url: &str, interval: u32, timeout: u32) -> serde_json::Value {
+        serde_json::json!({
+            "url": url,
+            "sink": {"log": {}},
+            "subscribe": ["x".repeat(32 << 20)],
+            "keepalive": {"intervalSeconds": interval, "timeoutSeconds": timeout},
+        })
+    }
+
     /// Subscribe messages larger than the socket's buffers, to an upstream
     /// that reads nothing after the handshake: the session gives up within
     /// the keepalive timeout (counted as `subscribe`) and dials again, rather
     /// than waiting on the write for good.
     #[tokio::test]
     async fn subscribe_messages_the_upstream_does_not_take_end_the_session() {
-        let (url, connections) = upstream(|ws| async move {
-            // Holds the connection open and reads nothing.
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            drop(ws);
-        })
-        .await;
-        let spec = serde_json::json!({
-            "url": url,
-            "sink": {"log": {}},
-            "subscribe": ["x".repeat(32 << 20)],
-            "keepalive": {"intervalSeconds": 1, "timeoutSeconds": 1},
-        });
+        let (url, connections) = deaf_upstream().await;
+        let spec = subscribing(&url, 1, 1);
         let deps = run_until(spec, &connections, |m, dialled| {
             dialled >= 2 && errors(m, "subscribe") >= 1
         })
@@ -939,18 +950,8 @@ mod tests {
     /// timeout.
     #[tokio::test]
     async fn a_stop_while_subscribing_ends_the_session_at_once() {
-        let (url, connections) = upstream(|ws| async move {
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            drop(ws);
-        })
-        .await;
-        let spec = serde_json::json!({
-            "url": url,
-            "sink": {"log": {}},
-            "subscribe": ["x".repeat(32 << 20)],
-            "keepalive": {"intervalSeconds": 60, "timeoutSeconds": 600},
-        });
-        let cfg = config(spec, Arc::new(Semaphore::new(1)));
+        let (url, connections) = deaf_upstream().await;
+        let cfg = config(subscribing(&url, 60, 600), Arc::new(Semaphore::new(1)));
         let progress = Arc::new(StreamProgress::new(None, None));
         let ctl = SessionControl::default();
         let session = tokio::spawn(run(cfg, progress, deps(), ctl.clone()));
