@@ -1369,7 +1369,17 @@ async fn slotted_checkpoints_are_read_back_through_the_slot_pages_and_only_throu
         .await
         .unwrap();
     renew_packed(&store, &dead, 1, &shard0).await;
+    let requests = |m: &StoreMetrics| {
+        ["get_worker", "batch_get_checkpoints", "get_item"].map(|op| m.succeeded(op))
+    };
+    let before = requests(store.metrics());
     let all = store.checkpoints_of(&dead).await.unwrap();
+    let after = requests(store.metrics());
+    assert_eq!(
+        [0, 1, 2].map(|i| after[i] - before[i]),
+        [1, 1, 0],
+        "the worker item, then its shard and its page in one batch"
+    );
     let seq = |key: &StreamKey| all.get(key).map(|c| (c.seq, c.token));
     assert_eq!(seq(&a.key), Some((1_234, la.counter)));
     assert_eq!(

@@ -311,7 +311,7 @@ impl LeaseStore {
             })
             .await?;
         self.record_reads(operation, out.consumed_capacity());
-        Ok(out.item().cloned())
+        Ok(out.item)
     }
 
     /// Several workers' items (eventually consistent: a stale read can only
@@ -357,13 +357,43 @@ impl LeaseStore {
         })
     }
 
-    /// Items by key, eventually consistent, unprocessed keys retried.
+    /// Items by key, eventually consistent, unprocessed keys retried (a
+    /// key still unprocessed after that is left out: callers of this read
+    /// decide nothing on one item's absence).
     async fn batch_get(
         &self,
         operation: &'static str,
         keys: Vec<Item>,
     ) -> Result<Vec<Item>, StoreError> {
+        Ok(self.batch_get_as(operation, keys, false).await?.0)
+    }
+
+    /// Items by key, strongly consistent, in one request per hundred keys
+    /// instead of one each; an error if some key stayed unprocessed through
+    /// every retry (nothing is missing from a successful answer).
+    pub(super) async fn batch_get_consistent(
+        &self,
+        operation: &'static str,
+        keys: Vec<Item>,
+    ) -> Result<Vec<Item>, StoreError> {
+        match self.batch_get_as(operation, keys, true).await? {
+            (found, 0) => Ok(found),
+            (_, left) => Err(StoreError::Throttled {
+                operation,
+                detail: format!("{left} keys unprocessed after {BATCH_GET_ATTEMPTS} attempts"),
+            }),
+        }
+    }
+
+    /// Items by key, and how many keys stayed unprocessed.
+    async fn batch_get_as(
+        &self,
+        operation: &'static str,
+        keys: Vec<Item>,
+        consistent: bool,
+    ) -> Result<(Vec<Item>, usize), StoreError> {
         let mut found = Vec::new();
+        let mut left = 0;
         for chunk in keys.chunks(BATCH_GET_LIMIT) {
             let mut keys = chunk.to_vec();
             for _ in 0..BATCH_GET_ATTEMPTS {
@@ -372,6 +402,7 @@ impl LeaseStore {
                 }
                 let request = KeysAndAttributes::builder()
                     .set_keys(Some(keys.clone()))
+                    .consistent_read(consistent)
                     .build()
                     .map_err(|e| StoreError::Rejected {
                         operation,
@@ -390,20 +421,19 @@ impl LeaseStore {
                     self.record_reads(operation, Some(c));
                 }
                 found.extend(
-                    out.responses()
-                        .and_then(|r| r.get(&self.table))
-                        .into_iter()
-                        .flatten()
-                        .cloned(),
+                    out.responses
+                        .and_then(|mut r| r.remove(&self.table))
+                        .unwrap_or_default(),
                 );
                 keys = out
-                    .unprocessed_keys()
-                    .and_then(|u| u.get(&self.table))
-                    .map(|k| k.keys().to_vec())
+                    .unprocessed_keys
+                    .and_then(|mut u| u.remove(&self.table))
+                    .map(|k| k.keys)
                     .unwrap_or_default();
             }
+            left += keys.len();
         }
-        Ok(found)
+        Ok((found, left))
     }
 
     /// Marks `who` DEAD if its version is still `observed_version` and it is

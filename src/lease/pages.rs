@@ -99,13 +99,15 @@ impl LeaseStore {
                 .call_plain(q.operation, None, || request.clone().send())
                 .await?;
             self.record_reads(q.operation, out.consumed_capacity());
-            items.extend(out.items().iter().cloned());
-            match out.last_evaluated_key() {
+            // Moved out of the answer, not copied: a takeover's reads return
+            // thousands of items.
+            items.extend(out.items.unwrap_or_default());
+            match out.last_evaluated_key {
                 Some(k) if !k.is_empty() => {
                     if limit.is_some_and(|l| items.len() >= l) {
                         return Ok((items, false));
                     }
-                    start = Some(k.clone());
+                    start = Some(k);
                 }
                 _ => return Ok((items, true)),
             }
@@ -136,8 +138,8 @@ impl LeaseStore {
                 .await?;
             self.record_reads(operation, out.consumed_capacity());
             Ok(Page {
-                items: out.items().to_vec(),
-                next: out.last_evaluated_key().cloned(),
+                items: out.items.unwrap_or_default(),
+                next: out.last_evaluated_key,
             })
         })
         .await

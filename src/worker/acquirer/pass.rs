@@ -271,7 +271,7 @@ impl Acquirer {
         self.partial_reads.clear();
         // Every pass, quiet or failing ones too: the peak must cover the
         // whole window before a handoff, not only the passes that reach one.
-        self.observe_total(now);
+        self.observe_total(now, self.registry.staying() as u64);
         // A quiet fleet's first full pass follows a change it read (the
         // counter moved: a stream created, released or asked to move, or a
         // peer in trouble): a hint of new orphans, like a peer's marker.
@@ -671,10 +671,10 @@ impl Acquirer {
         let _ = self.out.send(Acquired { held, record });
     }
 
-    /// Notes the fleet's total as this worker sees it now (its own staying
-    /// streams and its view of the peers) and returns the recent peak.
-    fn observe_total(&mut self, now: Instant) -> u64 {
-        let staying = self.registry.staying() as u64;
+    /// Notes the fleet's total as this worker sees it now (its own
+    /// `staying` streams and its view of the peers) and returns the recent
+    /// peak.
+    fn observe_total(&mut self, now: Instant, staying: u64) -> u64 {
         let window = self.ctx.settings.heartbeat_interval * PEAK_TOTAL_HEARTBEATS;
         let settled = self.view.counts_settled();
         let registry = &self.registry;
@@ -692,8 +692,8 @@ impl Acquirer {
         }
         // The fleet's total as a giver must count it (`peak_total`): never
         // short by streams in flight between two peers' heartbeats.
-        let total = self.observe_total(Instant::now());
         let staying = self.registry.staying() as u64;
+        let total = self.observe_total(Instant::now(), staying);
         // Peers publish their load once a heartbeat: right after streams moved
         // (orphans around, or this worker just took some), the counts are stale
         // and handing over would only move streams twice.

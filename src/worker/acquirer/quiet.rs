@@ -60,7 +60,6 @@ impl Acquirer {
         let recent = |t: Option<Instant>, within: Duration| {
             t.is_some_and(|t| now.duration_since(t) < within)
         };
-        let staying = self.registry.staying() as u64;
         q.peers_announce
             && !self.legacy_index
             && q.changes.is_some()
@@ -73,7 +72,9 @@ impl Acquirer {
             && !recent(self.last_handoff, busy)
             && !recent(self.last_acquired, busy)
             && self.fence.is_valid()
-            && (!self.ctx.settings.rebalance || self.view.balanced(staying))
+            // Last: counting the staying streams walks every held one.
+            && (!self.ctx.settings.rebalance
+                || self.view.balanced(self.registry.staying() as u64))
     }
 
     /// When a quiet worker should run its next pass before the usual

@@ -138,7 +138,7 @@ struct Counts {
 /// worker half's are labelled apart: its fleet, peers, counter, partitions
 /// and re-reads): mirror writes and tombstones, the change feed, and status
 /// reads (`get_item`; the owner's worker item and checkpoints, read for a
-/// status, are `get_worker`/`get_checkpoints`, which a worker also makes
+/// status, are `get_worker`/`batch_get_checkpoints`, which a worker also makes
 /// only when it declares a peer dead or takes its streams over, and which are
 /// left out).
 const CONTROLLER_OPERATIONS: [&str; 4] =
