@@ -1369,15 +1369,23 @@ async fn slotted_checkpoints_are_read_back_through_the_slot_pages_and_only_throu
         .await
         .unwrap();
     renew_packed(&store, &dead, 1, &shard0).await;
+    // The names the item-by-item reads had, and the batch's.
     let requests = |m: &StoreMetrics| {
-        ["get_worker", "batch_get_checkpoints", "get_item"].map(|op| m.succeeded(op))
+        [
+            "get_worker",
+            "batch_get_checkpoints",
+            "get_checkpoints",
+            "get_slot_page",
+            "get_unprocessed",
+        ]
+        .map(|op| m.succeeded(op))
     };
     let before = requests(store.metrics());
     let all = store.checkpoints_of(&dead).await.unwrap();
     let after = requests(store.metrics());
     assert_eq!(
-        [0, 1, 2].map(|i| after[i] - before[i]),
-        [1, 1, 0],
+        [0, 1, 2, 3, 4].map(|i| after[i] - before[i]),
+        [1, 1, 0, 0, 0],
         "the worker item, then its shard and its page in one batch"
     );
     let seq = |key: &StreamKey| all.get(key).map(|c| (c.seq, c.token));
@@ -1426,6 +1434,66 @@ async fn slotted_checkpoints_are_read_back_through_the_slot_pages_and_only_throu
             .unwrap();
         assert!(item.item().is_none(), "{pk} is left behind");
     }
+}
+
+#[tokio::test]
+async fn a_dead_owner_s_checkpoints_are_read_whole_when_a_batch_leaves_keys_unprocessed() {
+    use tether_testkit::dynamo_proxy::DynamoFault;
+    let store = fresh_store(None).await;
+    let dead = worker(&store, "unprocessed").await;
+    let [a, b] = [
+        create(&store, "unprocessed-a").await,
+        create(&store, "unprocessed-b").await,
+    ];
+    let [la, lb] = [
+        acquire(&store, &a, &dead).await,
+        acquire(&store, &b, &dead).await,
+    ];
+    let mut page = SlotPage::new();
+    page.insert(
+        0,
+        SlotEntry {
+            key: a.key.clone(),
+            token: la.counter,
+            base: 100,
+        },
+    );
+    assert!(store.write_slot_page(&dead, 0, &page, 1).await.unwrap());
+    let shard1 = PackedShard {
+        named: vec![(
+            b.key.clone(),
+            Checkpoint {
+                seq: 7,
+                token: lb.counter,
+            },
+        )],
+        slotted: vec![],
+    };
+    store
+        .write_checkpoint_shard(&dead, 1, &shard1)
+        .await
+        .unwrap();
+    let shard0 = PackedShard {
+        named: vec![],
+        slotted: vec![(0, 5)],
+    };
+    // Two keys besides the worker item: shard 1 and slot page 0.
+    renew_packed(&store, &dead, 1, &shard0).await;
+    let direct = store.checkpoints_of(&dead).await.unwrap();
+    let seq = |key: &StreamKey| direct.get(key).map(|c| (c.seq, c.token));
+    assert_eq!(seq(&a.key), Some((105, la.counter)));
+    assert_eq!(seq(&b.key), Some((7, lb.counter)));
+    let (via, proxy) = through_proxy(&store).await;
+    // One key a request: the rest is asked again until it is read.
+    proxy.set(DynamoFault::ProcessBatchKeys(1));
+    let batches = || via.metrics().succeeded("batch_get_checkpoints");
+    assert_eq!(via.checkpoints_of(&dead).await.unwrap(), direct);
+    assert_eq!(batches(), 2, "the unprocessed key asked for again");
+    // Never processed by the batch: read one by one, nothing missing (a
+    // takeover would otherwise resume from an older checkpoint and replay).
+    proxy.set(DynamoFault::ProcessBatchKeys(0));
+    assert_eq!(via.checkpoints_of(&dead).await.unwrap(), direct);
+    assert_eq!(via.metrics().succeeded("get_unprocessed"), 2);
 }
 
 #[tokio::test]

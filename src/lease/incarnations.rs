@@ -32,8 +32,11 @@ pub(super) const LIVE_ITEM_TTL: Duration = Duration::from_secs(24 * 3600);
 const ENDED_ITEM_TTL: Duration = Duration::from_secs(3600);
 /// DynamoDB's BatchGetItem limit.
 const BATCH_GET_LIMIT: usize = 100;
-/// Retries of BatchGetItem's unprocessed keys.
-const BATCH_GET_ATTEMPTS: usize = 5;
+/// Retries of BatchGetItem's unprocessed keys ...
+const BATCH_GET_ATTEMPTS: u32 = 5;
+/// ... the first this long after the answer, each further one twice as
+/// long (0.75 s in all).
+const BATCH_GET_BACKOFF: Duration = Duration::from_millis(50);
 
 pub(super) fn ttl(from_now: Duration) -> AttributeValue {
     n(now_ms() / 1000 + from_now.as_secs())
@@ -369,36 +372,45 @@ impl LeaseStore {
     }
 
     /// Items by key, strongly consistent, in one request per hundred keys
-    /// instead of one each; an error if some key stayed unprocessed through
-    /// every retry (nothing is missing from a successful answer).
+    /// instead of one each. Keys still unprocessed after the batch's
+    /// retries are read one by one (`get_unprocessed`), under the store's
+    /// retry policy like any read: nothing is missing from an answer, and
+    /// a store that keeps throttling fails the read no sooner than others.
     pub(super) async fn batch_get_consistent(
         &self,
         operation: &'static str,
         keys: Vec<Item>,
     ) -> Result<Vec<Item>, StoreError> {
-        match self.batch_get_as(operation, keys, true).await? {
-            (found, 0) => Ok(found),
-            (_, left) => Err(StoreError::Throttled {
-                operation,
-                detail: format!("{left} keys unprocessed after {BATCH_GET_ATTEMPTS} attempts"),
-            }),
+        let (mut found, left) = self.batch_get_as(operation, keys, true).await?;
+        for key in left {
+            let Some(pk) = key.get(attr::PK).and_then(|v| v.as_s().ok()) else {
+                continue;
+            };
+            found.extend(self.get_raw("get_unprocessed", pk).await?);
         }
+        Ok(found)
     }
 
-    /// Items by key, and how many keys stayed unprocessed.
+    /// Items by key, and the keys still unprocessed.
     async fn batch_get_as(
         &self,
         operation: &'static str,
         keys: Vec<Item>,
         consistent: bool,
-    ) -> Result<(Vec<Item>, usize), StoreError> {
+    ) -> Result<(Vec<Item>, Vec<Item>), StoreError> {
         let mut found = Vec::new();
-        let mut left = 0;
+        let mut left = Vec::new();
         for chunk in keys.chunks(BATCH_GET_LIMIT) {
             let mut keys = chunk.to_vec();
-            for _ in 0..BATCH_GET_ATTEMPTS {
+            for attempt in 0..BATCH_GET_ATTEMPTS {
                 if keys.is_empty() {
                     break;
+                }
+                if attempt > 0 {
+                    // Unprocessed keys come back without an error (a
+                    // throttled partition): the SDK's retries do not apply,
+                    // so back off here as DynamoDB asks.
+                    tokio::time::sleep(BATCH_GET_BACKOFF * (1 << (attempt - 1))).await;
                 }
                 let request = KeysAndAttributes::builder()
                     .set_keys(Some(keys.clone()))
@@ -431,7 +443,7 @@ impl LeaseStore {
                     .map(|k| k.keys)
                     .unwrap_or_default();
             }
-            left += keys.len();
+            left.extend(keys);
         }
         Ok((found, left))
     }

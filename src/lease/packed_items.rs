@@ -99,7 +99,8 @@ impl LeaseStore {
     /// The worker item first (it names the other items), then the rest in
     /// one batch per hundred: a survivor taking over a worker of 5,000
     /// streams read its ~80 items one after the other before its first
-    /// acquire (`batch_get_checkpoints` counts them in the metrics).
+    /// acquire (`batch_get_checkpoints` counts the batches in the metrics,
+    /// `get_unprocessed` the keys a batch left).
     pub async fn checkpoints_of(&self, who: &Incarnation) -> Result<Checkpoints, StoreError> {
         let Some(worker) = self.get_raw("get_worker", &who.pk()).await? else {
             return Ok(Checkpoints::new());
@@ -108,12 +109,16 @@ impl LeaseStore {
         let shard_pks: Vec<String> = (1..record.checkpoint_shards.max(1))
             .map(|shard| who.checkpoint_pk(shard))
             .collect();
-        // Slot pages are read with the shards: whether any entry is slotted
-        // is only known once the shards are in, and a second round trip
-        // would cost more than the pages.
+        let shard0 = packed_shard(&worker);
+        // Slot pages are read with the shards (whether an entry in them is
+        // slotted is only known once they are in, and a second round trip
+        // would cost more than the pages), and not at all when shard 0 is
+        // the only one and names no slot.
+        let pages_wanted = !shard0.slotted.is_empty() || !shard_pks.is_empty();
         let page_pks: Vec<String> = record
             .slot_pages
             .iter()
+            .filter(|_| pages_wanted)
             .map(|page| who.slot_page_pk(*page))
             .collect();
         let keys = shard_pks
@@ -127,7 +132,7 @@ impl LeaseStore {
             .into_iter()
             .filter_map(|item| Some((item.get(attr::PK)?.as_s().ok()?.clone(), item)))
             .collect();
-        let mut shards = vec![packed_shard(&worker)];
+        let mut shards = vec![shard0];
         shards.extend(
             shard_pks
                 .iter()

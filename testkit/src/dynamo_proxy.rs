@@ -36,6 +36,12 @@ pub enum DynamoFault {
     /// The next write reaches the server but its answer is lost (HTTP 500),
     /// then everything passes again: a writer retries a write that landed.
     LoseNextWriteAnswer,
+    /// BatchGetItem reads at most this many keys per table and request and
+    /// hands the rest back as `UnprocessedKeys`, with no error, as DynamoDB
+    /// does past its limits or on a throttled partition (0: none at all,
+    /// which DynamoDB would answer with a throttling error instead: a
+    /// partition that stays throttled through every retry of the batch).
+    ProcessBatchKeys(usize),
 }
 
 struct ProxyState {
@@ -127,13 +133,6 @@ async fn forward(
         DynamoFault::Slow(delay) => tokio::time::sleep(delay).await,
         _ => {}
     }
-    let mut request = state.client.post(&state.target).body(body);
-    for (name, value) in &headers {
-        if name != "host" && name != "content-length" {
-            request = request.header(name, value);
-        }
-    }
-    let sent = request.send().await;
     let target = headers
         .get("x-amz-target")
         .and_then(|v| v.to_str().ok())
@@ -141,6 +140,36 @@ async fn forward(
     // The operation after the API version (`DynamoDB_20120810.GetItem`):
     // matched whole, so `BatchGetItem` is not taken for `GetItem`.
     let operation = target.rsplit('.').next().unwrap_or_default();
+    let (body, unprocessed) = match mode {
+        DynamoFault::ProcessBatchKeys(at_most) if operation == "BatchGetItem" => {
+            match split_batch(&body, at_most) {
+                Some((_, unprocessed)) if at_most == 0 => {
+                    return batch_answer(&serde_json::json!({}), unprocessed);
+                }
+                Some((forwarded, unprocessed)) => (Bytes::from(forwarded), Some(unprocessed)),
+                None => (body, None),
+            }
+        }
+        _ => (body, None),
+    };
+    let mut request = state.client.post(&state.target).body(body);
+    for (name, value) in &headers {
+        if name != "host" && name != "content-length" {
+            request = request.header(name, value);
+        }
+    }
+    let sent = request.send().await;
+    if let (Some(unprocessed), Ok(resp)) = (unprocessed, &sent)
+        && resp.status().is_success()
+    {
+        let Ok(answer) = serde_json::from_slice::<serde_json::Value>(
+            &sent.expect("matched Ok").bytes().await.unwrap_or_default(),
+        ) else {
+            return StatusCode::BAD_GATEWAY.into_response();
+        };
+        let responses = answer.get("Responses").cloned().unwrap_or_default();
+        return batch_answer(&responses, unprocessed);
+    }
     let write_or_item_read =
         ["UpdateItem", "PutItem", "DeleteItem", "GetItem"].contains(&operation);
     if mode == DynamoFault::LoseWriteAnswers && write_or_item_read {
@@ -185,6 +214,38 @@ async fn forward(
         }
         Err(_) => StatusCode::BAD_GATEWAY.into_response(),
     }
+}
+
+/// A BatchGetItem request cut to its first `at_most` keys per table (the
+/// body to forward) and the rest as `UnprocessedKeys` (each table's other
+/// request fields kept). `None` when the body is not such a request.
+fn split_batch(body: &[u8], at_most: usize) -> Option<(Vec<u8>, serde_json::Value)> {
+    let mut request: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let mut unprocessed = serde_json::Map::new();
+    for (table, wanted) in request.get_mut("RequestItems")?.as_object_mut()? {
+        let keys = wanted.get_mut("Keys")?.as_array_mut()?;
+        let rest = keys.split_off(at_most.min(keys.len()));
+        if !rest.is_empty() {
+            let mut left = wanted.clone();
+            left["Keys"] = serde_json::Value::Array(rest);
+            unprocessed.insert(table.clone(), left);
+        }
+    }
+    Some((
+        serde_json::to_vec(&request).ok()?,
+        serde_json::Value::Object(unprocessed),
+    ))
+}
+
+/// A BatchGetItem answer: `responses` read, `unprocessed` handed back.
+fn batch_answer(responses: &serde_json::Value, unprocessed: serde_json::Value) -> Response {
+    let body = serde_json::json!({"Responses": responses, "UnprocessedKeys": unprocessed});
+    (
+        StatusCode::OK,
+        [("content-type", "application/x-amz-json-1.0")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 /// An IMF-fixdate `Date` header value for now plus `shift` seconds.

@@ -17,6 +17,11 @@
 //! the resource next reminds the owner sooner (`lease::owner_behind`). The
 //! sweep and the roster keep the shorter period: they cost little, and they
 //! are what finds writes no one announces.
+//!
+//! While a worker takes orphans over, its ticks (the audit's and the
+//! sweep's) wait for the longer period, a deferred tick carrying the sweep's
+//! shares of the periods it waited; the roster's look keeps its period
+//! (`audit_schedule`).
 
 use super::pass::Acquirer;
 use crate::lease::{
@@ -54,7 +59,7 @@ impl Acquirer {
             self.audit_schedule.failed();
             return Err(e);
         }
-        if due.tick.is_some() {
+        if due.roster {
             self.find_vanished(workers).await?;
         }
         Ok(())
@@ -183,7 +188,7 @@ mod tests {
         assert_eq!(turns, 3);
         // A tick standing for deferred ones covers each of their turns.
         let keys: Vec<StreamKey> = (0..2_000)
-            .map(|i| StreamKey::new("ns", &format!("s{i}")))
+            .map(|i| StreamKey::new("ns", format!("s{i}")))
             .collect();
         let mut swept = 0;
         for ticks in [1..=4, 5..=6, 7..=CONTROL_SWEEP_TICKS] {

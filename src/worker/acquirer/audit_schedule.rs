@@ -1,5 +1,5 @@
-//! When the audit of a worker's own partitions is due, and its tick (the
-//! sweep's share and the roster's look): see `audit` for why the audit
+//! When the audit of a worker's own partitions is due, its tick (the
+//! sweep's share) and the roster's look: see `audit` for why the audit
 //! follows the change counter.
 
 use super::quiet_state::{BUSY_AT_LEAST, BUSY_HEARTBEATS};
@@ -10,8 +10,13 @@ use tokio::time::Instant;
 /// When the audit, the sweep and the roster are next due.
 #[derive(Debug)]
 pub(super) struct AuditSchedule {
-    /// The last tick (every [`AUDIT_HEARTBEATS`]): the sweep and the roster.
+    /// Where the last tick's periods end (every [`AUDIT_HEARTBEATS`];
+    /// [`QUIET_AUDIT_HEARTBEATS`] while taking over): the sweep.
     last_tick: Instant,
+    /// The roster's last look (every [`AUDIT_HEARTBEATS`], taking over or
+    /// not: it is the only way to find an incarnation whose worker item
+    /// vanished, and costs one read).
+    last_roster: Instant,
     /// Ticks so far: which share of the held streams the next sweep re-reads.
     ticks: u64,
     /// The last audit of the partitions.
@@ -25,15 +30,18 @@ pub(super) struct AuditSchedule {
 pub(super) struct AuditDue {
     /// Read the partitions back.
     pub(super) audit: bool,
-    /// The sweep's turn numbers (one per period since the last tick) and
-    /// the roster's look, at a tick.
+    /// The sweep's turn numbers (one per period since the last tick), at a
+    /// tick.
     pub(super) tick: Option<std::ops::RangeInclusive<u64>>,
+    /// Look for enrolled incarnations the fleet does not list.
+    pub(super) roster: bool,
 }
 
 impl AuditSchedule {
     pub(super) fn new(now: Instant) -> Self {
         Self {
             last_tick: now,
+            last_roster: now,
             ticks: 0,
             last_audit: now,
             owed: false,
@@ -70,22 +78,30 @@ impl AuditSchedule {
         } else {
             AUDIT_HEARTBEATS
         };
+        let period = heartbeat * AUDIT_HEARTBEATS;
         let since = now.duration_since(self.last_tick);
-        // A deferred tick stands for every period it waited: the sweep
-        // re-reads all their shares, so its period holds whatever was
-        // deferred. No more than a deferral makes: passes that stopped (a
-        // store down for minutes) do not bring every held item's re-read at
-        // once when they resume.
+        // A deferred tick stands for every whole period it waited (the
+        // rest counts towards the next): the sweep re-reads all their
+        // shares, so its period holds whatever was deferred. No more than a
+        // deferral makes: passes that stopped (a store down for minutes) do
+        // not bring every held item's re-read at once when they resume.
         let tick = (since >= heartbeat * tick_heartbeats).then(|| {
-            let period = heartbeat * AUDIT_HEARTBEATS;
-            let periods = (since.as_nanos() / period.as_nanos().max(1))
-                .clamp(1, u128::from(QUIET_AUDIT_HEARTBEATS / AUDIT_HEARTBEATS))
-                as u64;
-            self.last_tick = now;
+            let most = QUIET_AUDIT_HEARTBEATS / AUDIT_HEARTBEATS;
+            let whole = since.as_nanos() / period.as_nanos().max(1);
+            let periods = whole.clamp(1, u128::from(most)) as u32;
+            self.last_tick = if whole > u128::from(most) {
+                now
+            } else {
+                self.last_tick + period * periods
+            };
             let first = self.ticks + 1;
-            self.ticks += periods;
+            self.ticks += u64::from(periods);
             first..=self.ticks
         });
+        let roster = now.duration_since(self.last_roster) >= period;
+        if roster {
+            self.last_roster = now;
+        }
         // A move seen within the index's lag before the last audit may not
         // have been in what it read: the next tick audits again.
         let lag = (heartbeat * BUSY_HEARTBEATS).max(BUSY_AT_LEAST);
@@ -97,7 +113,11 @@ impl AuditSchedule {
             self.last_audit = now;
             self.owed = false;
         }
-        AuditDue { audit, tick }
+        AuditDue {
+            audit,
+            tick,
+            roster,
+        }
     }
 
     /// The audit just made failed: the next tick audits again (not every
@@ -180,6 +200,7 @@ mod tests {
         let mut ticks = Vec::new();
         let mut audits = Vec::new();
         let mut turns = Vec::new();
+        let mut looks = 0;
         for quarter in 1..=4 * 150 {
             let now = t0 + Duration::from_millis(250 * quarter);
             let taking_over = now < at(100);
@@ -191,21 +212,32 @@ mod tests {
             if d.audit {
                 audits.push(now.duration_since(t0).as_secs());
             }
+            looks += usize::from(d.roster);
         }
-        // Every 64 s while taking over; from the first pass after it, every
-        // 16 s again.
-        assert_eq!(ticks, [64, 100, 116, 132, 148]);
+        // Every 64 s while taking over; from the first pass after it, the
+        // periods' ends every 16 s again.
+        assert_eq!(ticks, [64, 100, 112, 128, 144]);
         assert_eq!(audits, ticks, "the moving counter audits at every tick");
         // The sweep's turns of the deferred periods are not skipped: as
-        // many as in 150 s of ticks every 16 s, less the part of a period
-        // that was waiting when the takeover ended.
+        // many as in 150 s of ticks every 16 s.
         assert_eq!(turns, (1..=9).collect::<Vec<u64>>());
+        // The roster is looked at every 16 s throughout.
+        assert_eq!(looks, 9);
         // A requested audit still runs at once.
         let mut s = AuditSchedule::new(t0);
         assert!(s.due(at(1), HEARTBEAT, true, None, true, true).audit);
-        // Passes that stopped for ten minutes carry no more than a deferral.
+        // Passes that stopped for ten minutes carry no more than a deferral,
+        // and the next tick is a period after the pass that resumed.
         let d = s.due(at(600), HEARTBEAT, false, None, true, false);
         assert_eq!(d.tick, Some(1..=4));
+        assert_eq!(
+            s.due(at(615), HEARTBEAT, false, None, true, false).tick,
+            None
+        );
+        assert_eq!(
+            s.due(at(616), HEARTBEAT, false, None, true, false).tick,
+            Some(5..=5)
+        );
     }
 
     #[test]
