@@ -18,10 +18,8 @@
 //! sweep and the roster keep the shorter period: they cost little, and they
 //! are what finds writes no one announces.
 //!
-//! While a worker takes orphans over, its ticks (the audit's and the
-//! sweep's) wait for the longer period, a deferred tick carrying the sweep's
-//! shares of the periods it waited; the roster's look keeps its period
-//! (`audit_schedule`).
+//! While a worker takes orphans over, its audit waits for the longer period
+//! (`audit_schedule`); the sweep and the roster keep theirs.
 
 use super::pass::Acquirer;
 use crate::lease::{
@@ -29,7 +27,6 @@ use crate::lease::{
 };
 use crate::worker::settings::CONTROL_SWEEP_TICKS;
 use std::collections::HashSet;
-use std::ops::RangeInclusive;
 use tokio::time::Instant;
 
 impl Acquirer {
@@ -50,8 +47,8 @@ impl Acquirer {
             self.taking_over(now),
         );
         // In memory only: a failing store does not skip a share.
-        if let Some(ticks) = &due.tick {
-            self.sweep(ticks);
+        if let Some(tick) = due.tick {
+            self.sweep(tick);
         }
         if due.audit
             && let Err(e) = self.audit().await
@@ -59,7 +56,7 @@ impl Acquirer {
             self.audit_schedule.failed();
             return Err(e);
         }
-        if due.roster {
+        if due.tick.is_some() {
             self.find_vanished(workers).await?;
         }
         Ok(())
@@ -67,7 +64,7 @@ impl Acquirer {
 
     /// Whether this worker is taking orphans over: its passes find them and
     /// it acquired within the last heartbeat (one at its connection limit,
-    /// or whose peers take them all, is not).
+    /// or whose peers take them all, is not: it audits as before).
     fn taking_over(&self, now: Instant) -> bool {
         let heartbeat = self.ctx.settings.heartbeat_interval;
         self.orphans_seen
@@ -135,9 +132,9 @@ impl Acquirer {
     /// re-read by their holders at each tick, every held item once in
     /// [`CONTROL_SWEEP_TICKS`] ticks (the last resort for a spec written
     /// with no notification at all).
-    fn sweep(&self, ticks: &RangeInclusive<u64>) {
+    fn sweep(&self, tick: u64) {
         for held in self.registry.snapshot() {
-            if sweep_turn(&held.lease.key, ticks) {
+            if sweep_turn(&held.lease.key, tick) {
                 held.signals.changed.notify_one();
             }
         }
@@ -161,18 +158,13 @@ impl Acquirer {
     }
 }
 
-/// Whether `key`'s item is re-read at a tick standing for tick numbers
-/// `ticks` (more than one when ticks were deferred): each stream at one tick
-/// of every [`CONTROL_SWEEP_TICKS`], spread evenly.
-fn sweep_turn(key: &StreamKey, ticks: &RangeInclusive<u64>) -> bool {
+/// Whether `key`'s item is re-read at tick number `tick`: each stream at one
+/// tick of every [`CONTROL_SWEEP_TICKS`], spread evenly.
+fn sweep_turn(key: &StreamKey, tick: u64) -> bool {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     key.hash(&mut hasher);
-    let turn = hasher.finish() % CONTROL_SWEEP_TICKS;
-    ticks
-        .clone()
-        .take(CONTROL_SWEEP_TICKS as usize)
-        .any(|tick| tick % CONTROL_SWEEP_TICKS == turn)
+    hasher.finish() % CONTROL_SWEEP_TICKS == tick % CONTROL_SWEEP_TICKS
 }
 
 #[cfg(test)]
@@ -183,19 +175,8 @@ mod tests {
     fn every_held_stream_has_its_sweep_turn_once_in_so_many_ticks() {
         let key = StreamKey::new("ns", "s");
         let turns = (0..CONTROL_SWEEP_TICKS * 3)
-            .filter(|t| sweep_turn(&key, &(*t..=*t)))
+            .filter(|t| sweep_turn(&key, *t))
             .count();
         assert_eq!(turns, 3);
-        // A tick standing for deferred ones covers each of their turns.
-        let keys: Vec<StreamKey> = (0..2_000)
-            .map(|i| StreamKey::new("ns", format!("s{i}")))
-            .collect();
-        let mut swept = 0;
-        for ticks in [1..=4, 5..=6, 7..=CONTROL_SWEEP_TICKS] {
-            swept += keys.iter().filter(|k| sweep_turn(k, &ticks)).count();
-        }
-        assert_eq!(swept, keys.len(), "every stream once in a whole cycle");
-        let all = 1..=CONTROL_SWEEP_TICKS * 5;
-        assert!(keys.iter().all(|k| sweep_turn(k, &all)));
     }
 }

@@ -1,5 +1,5 @@
-//! When the audit of a worker's own partitions is due, its tick (the
-//! sweep's share) and the roster's look: see `audit` for why the audit
+//! When the audit of a worker's own partitions is due, and its tick (the
+//! sweep's share and the roster's look): see `audit` for why the audit
 //! follows the change counter.
 
 use super::quiet_state::{BUSY_AT_LEAST, BUSY_HEARTBEATS};
@@ -10,13 +10,8 @@ use tokio::time::Instant;
 /// When the audit, the sweep and the roster are next due.
 #[derive(Debug)]
 pub(super) struct AuditSchedule {
-    /// Where the last tick's periods end (every [`AUDIT_HEARTBEATS`];
-    /// [`QUIET_AUDIT_HEARTBEATS`] while taking over): the sweep.
+    /// The last tick (every [`AUDIT_HEARTBEATS`]): the sweep and the roster.
     last_tick: Instant,
-    /// The roster's last look (every [`AUDIT_HEARTBEATS`], taking over or
-    /// not: it is the only way to find an incarnation whose worker item
-    /// vanished, and costs one read).
-    last_roster: Instant,
     /// Ticks so far: which share of the held streams the next sweep re-reads.
     ticks: u64,
     /// The last audit of the partitions.
@@ -30,18 +25,14 @@ pub(super) struct AuditSchedule {
 pub(super) struct AuditDue {
     /// Read the partitions back.
     pub(super) audit: bool,
-    /// The sweep's turn numbers (one per period since the last tick), at a
-    /// tick.
-    pub(super) tick: Option<std::ops::RangeInclusive<u64>>,
-    /// Look for enrolled incarnations the fleet does not list.
-    pub(super) roster: bool,
+    /// The sweep's turn number and the roster's look, at a tick.
+    pub(super) tick: Option<u64>,
 }
 
 impl AuditSchedule {
     pub(super) fn new(now: Instant) -> Self {
         Self {
             last_tick: now,
-            last_roster: now,
             ticks: 0,
             last_audit: now,
             owed: false,
@@ -53,17 +44,16 @@ impl AuditSchedule {
     /// counter move, `counter_covers` whether every writer moves it (not
     /// while a worker of an earlier release is LIVE or version 1's index
     /// exists: a rolling upgrade, when the counter cannot be waited for),
-    /// `taking_over` while this worker's passes find orphans.
+    /// `taking_over` while this worker takes orphans over.
     ///
-    /// While taking over, ticks (and the audits they bring) come every
-    /// [`QUIET_AUDIT_HEARTBEATS`] instead of every [`AUDIT_HEARTBEATS`]:
-    /// the counter then moves with every acquire, which is no sign of a lost
-    /// notification, and a tick's work (a read of every held item's index
-    /// entry, a share of the held items re-read) competes with the takeover
-    /// for the store and the CPU: 7% of a failover's CPU with 100,000
-    /// streams on 20 simulated workers. Nothing waits longer
-    /// than a quiet worker's audit would, and a deferred tick carries the
-    /// sweep's shares of every period it waited.
+    /// While taking over, the audit waits for [`QUIET_AUDIT_HEARTBEATS`]
+    /// (or a holder's request): the counter then moves with every acquire,
+    /// which is no sign of a lost notification, and an audit reads every
+    /// held stream's index entry while the takeover needs the store and
+    /// the CPU (7% of a failover's CPU with 100,000 streams on 20 simulated
+    /// workers). The ticks keep their period: the sweep's share and the
+    /// roster's look cost a few reads, and are what finds writes no one
+    /// announces.
     pub(super) fn due(
         &mut self,
         now: Instant,
@@ -73,51 +63,24 @@ impl AuditSchedule {
         counter_covers: bool,
         taking_over: bool,
     ) -> AuditDue {
-        let tick_heartbeats = if taking_over {
-            QUIET_AUDIT_HEARTBEATS
-        } else {
-            AUDIT_HEARTBEATS
-        };
-        let period = heartbeat * AUDIT_HEARTBEATS;
-        let since = now.duration_since(self.last_tick);
-        // A deferred tick stands for every whole period it waited (the
-        // rest counts towards the next): the sweep re-reads all their
-        // shares, so its period holds whatever was deferred. No more than a
-        // deferral makes: passes that stopped (a store down for minutes) do
-        // not bring every held item's re-read at once when they resume.
-        let tick = (since >= heartbeat * tick_heartbeats).then(|| {
-            let most = QUIET_AUDIT_HEARTBEATS / AUDIT_HEARTBEATS;
-            let whole = since.as_nanos() / period.as_nanos().max(1);
-            let periods = whole.clamp(1, u128::from(most)) as u32;
-            self.last_tick = if whole > u128::from(most) {
-                now
-            } else {
-                self.last_tick + period * periods
-            };
-            let first = self.ticks + 1;
-            self.ticks += u64::from(periods);
-            first..=self.ticks
+        let tick = now.duration_since(self.last_tick) >= heartbeat * AUDIT_HEARTBEATS;
+        let tick = tick.then(|| {
+            self.last_tick = now;
+            self.ticks += 1;
+            self.ticks
         });
-        let roster = now.duration_since(self.last_roster) >= period;
-        if roster {
-            self.last_roster = now;
-        }
         // A move seen within the index's lag before the last audit may not
         // have been in what it read: the next tick audits again.
         let lag = (heartbeat * BUSY_HEARTBEATS).max(BUSY_AT_LEAST);
         let moved = moved_at.is_some_and(|m| m + lag > self.last_audit);
         let quiet_due = now.duration_since(self.last_audit) >= heartbeat * QUIET_AUDIT_HEARTBEATS;
-        let at_tick = tick.is_some() && (moved || self.owed || !counter_covers);
+        let at_tick = tick.is_some() && !taking_over && (moved || self.owed || !counter_covers);
         let audit = requested || at_tick || quiet_due;
         if audit {
             self.last_audit = now;
             self.owed = false;
         }
-        AuditDue {
-            audit,
-            tick,
-            roster,
-        }
+        AuditDue { audit, tick }
     }
 
     /// The audit just made failed: the next tick audits again (not every
@@ -192,52 +155,35 @@ mod tests {
     }
 
     #[test]
-    fn a_worker_taking_over_orphans_ticks_and_audits_as_seldom_as_a_quiet_one() {
+    fn a_worker_taking_over_orphans_audits_as_seldom_as_a_quiet_one_and_keeps_its_ticks() {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut s = AuditSchedule::new(t0);
         // The counter moves all the time (every acquire moves it).
         let mut ticks = Vec::new();
         let mut audits = Vec::new();
-        let mut turns = Vec::new();
-        let mut looks = 0;
         for quarter in 1..=4 * 150 {
             let now = t0 + Duration::from_millis(250 * quarter);
             let taking_over = now < at(100);
             let d = s.due(now, HEARTBEAT, false, Some(now), true, taking_over);
-            if let Some(tick) = d.tick {
+            if d.tick.is_some() {
                 ticks.push(now.duration_since(t0).as_secs());
-                turns.extend(tick);
             }
             if d.audit {
                 audits.push(now.duration_since(t0).as_secs());
             }
-            looks += usize::from(d.roster);
         }
-        // Every 64 s while taking over; from the first pass after it, the
-        // periods' ends every 16 s again.
-        assert_eq!(ticks, [64, 100, 112, 128, 144]);
-        assert_eq!(audits, ticks, "the moving counter audits at every tick");
-        // The sweep's turns of the deferred periods are not skipped: as
-        // many as in 150 s of ticks every 16 s.
-        assert_eq!(turns, (1..=9).collect::<Vec<u64>>());
-        // The roster is looked at every 16 s throughout.
-        assert_eq!(looks, 9);
-        // A requested audit still runs at once.
+        // Ticks (the sweep, the roster) every 16 s throughout.
+        assert_eq!(ticks, (1..=9).map(|t| 16 * t).collect::<Vec<u64>>());
+        // Audits every 64 s while taking over; from the first tick after
+        // it, at every tick again.
+        assert_eq!(audits, [64, 112, 128, 144]);
+        // A requested audit still runs at once, and a failed one waits too.
         let mut s = AuditSchedule::new(t0);
         assert!(s.due(at(1), HEARTBEAT, true, None, true, true).audit);
-        // Passes that stopped for ten minutes carry no more than a deferral,
-        // and the next tick is a period after the pass that resumed.
-        let d = s.due(at(600), HEARTBEAT, false, None, true, false);
-        assert_eq!(d.tick, Some(1..=4));
-        assert_eq!(
-            s.due(at(615), HEARTBEAT, false, None, true, false).tick,
-            None
-        );
-        assert_eq!(
-            s.due(at(616), HEARTBEAT, false, None, true, false).tick,
-            Some(5..=5)
-        );
+        s.failed();
+        assert!(!s.due(at(16), HEARTBEAT, false, None, true, true).audit);
+        assert!(s.due(at(32), HEARTBEAT, false, None, true, false).audit);
     }
 
     #[test]
@@ -248,9 +194,9 @@ mod tests {
         let d = s.due(at(1), HEARTBEAT, true, None, true, false);
         assert_eq!((d.audit, d.tick), (true, None));
         let d = s.due(at(16), HEARTBEAT, false, None, true, false);
-        assert_eq!((d.audit, d.tick), (false, Some(1..=1)));
+        assert_eq!((d.audit, d.tick), (false, Some(1)));
         let d = s.due(at(32), HEARTBEAT, false, None, true, false);
-        assert_eq!((d.audit, d.tick), (false, Some(2..=2)));
+        assert_eq!((d.audit, d.tick), (false, Some(2)));
     }
 
     #[test]
