@@ -1303,6 +1303,27 @@ async fn finish_upgrade_frees_streams_under_a_lapsed_version_1_lease() {
     assert_eq!(freed.lease_counter, 4, "the token carries on");
 }
 
+/// One packed checkpoint by name.
+fn named(key: &StreamKey, seq: u64, token: u64) -> Vec<(StreamKey, Checkpoint)> {
+    vec![(key.clone(), Checkpoint { seq, token })]
+}
+
+/// A slot page of `(slot, stream, token, base)` entries.
+fn slot_page(entries: &[(u64, &StreamKey, u64, u64)]) -> SlotPage {
+    let mut page = SlotPage::new();
+    for &(slot, key, token, base) in entries {
+        page.insert(
+            slot,
+            SlotEntry {
+                key: key.clone(),
+                token,
+                base,
+            },
+        );
+    }
+    page
+}
+
 /// Renews `who` with `shard0`, two checkpoint shards and slot page 0.
 async fn renew_packed(store: &LeaseStore, who: &Incarnation, version: u64, shard0: &PackedShard) {
     let renewal = Renewal {
@@ -1331,33 +1352,11 @@ async fn slotted_checkpoints_are_read_back_through_the_slot_pages_and_only_throu
         acquire(&store, &b, &dead).await,
         acquire(&store, &c, &dead).await,
     ];
-    let mut page = SlotPage::new();
-    page.insert(
-        0,
-        SlotEntry {
-            key: a.key.clone(),
-            token: la.counter,
-            base: 1_000,
-        },
-    );
-    page.insert(
-        1,
-        SlotEntry {
-            key: b.key.clone(),
-            token: lb.counter,
-            base: 5,
-        },
-    );
+    let page = slot_page(&[(0, &a.key, la.counter, 1_000), (1, &b.key, lb.counter, 5)]);
     assert!(store.write_slot_page(&dead, 0, &page, 1).await.unwrap());
     // Slot 7 is on no page: its entry is nothing.
     let shard0 = PackedShard {
-        named: vec![(
-            c.key.clone(),
-            Checkpoint {
-                seq: 9,
-                token: lc.counter,
-            },
-        )],
+        named: named(&c.key, 9, lc.counter),
         slotted: vec![(0, 234), (1, -2), (7, 50)],
     };
     let shard1 = PackedShard {
@@ -1449,24 +1448,10 @@ async fn a_dead_owner_s_checkpoints_are_read_whole_when_a_batch_leaves_keys_unpr
         acquire(&store, &a, &dead).await,
         acquire(&store, &b, &dead).await,
     ];
-    let mut page = SlotPage::new();
-    page.insert(
-        0,
-        SlotEntry {
-            key: a.key.clone(),
-            token: la.counter,
-            base: 100,
-        },
-    );
+    let page = slot_page(&[(0, &a.key, la.counter, 100)]);
     assert!(store.write_slot_page(&dead, 0, &page, 1).await.unwrap());
     let shard1 = PackedShard {
-        named: vec![(
-            b.key.clone(),
-            Checkpoint {
-                seq: 7,
-                token: lb.counter,
-            },
-        )],
+        named: named(&b.key, 7, lb.counter),
         slotted: vec![],
     };
     store
