@@ -22,7 +22,7 @@
 //! others.
 
 use super::client::LeaseStore;
-use super::codec::{attr, n, s};
+use super::codec::{Item, key_item, n};
 use super::error::StoreError;
 use super::update::Update;
 use aws_sdk_dynamodb::types::ReturnValue;
@@ -104,7 +104,7 @@ impl LeaseStore {
 }
 
 /// The counter in a read of [`CHANGES_PK`] (0 before the first bump).
-pub(super) fn changes_of(item: &super::codec::Item) -> u64 {
+pub(super) fn changes_of(item: &Item) -> u64 {
     item.get(CHANGES)
         .and_then(|v| v.as_n().ok())
         .and_then(|v| v.parse().ok())
@@ -112,7 +112,6 @@ pub(super) fn changes_of(item: &super::codec::Item) -> u64 {
 }
 
 /// The key of [`CHANGES_PK`], for a batch read.
-pub(super) fn changes_key()
--> std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue> {
-    std::collections::HashMap::from([(attr::PK.to_string(), s(CHANGES_PK))])
+pub(super) fn changes_key() -> Item {
+    key_item(CHANGES_PK)
 }

@@ -142,6 +142,18 @@ pub fn n(v: impl ToString) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
+/// An item's `Pk`, if it has a string one.
+pub(super) fn pk_of(item: &Item) -> Option<&str> {
+    item.get(attr::PK)
+        .and_then(|v| v.as_s().ok())
+        .map(String::as_str)
+}
+
+/// The key of the item `pk` names (for a batch read).
+pub(super) fn key_item(pk: &str) -> Item {
+    Item::from([(attr::PK.to_string(), s(pk))])
+}
+
 /// Why an item could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Malformed {
@@ -156,14 +168,10 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn new(item: &'a Item) -> Result<Self, Malformed> {
-        let pk = item
-            .get(attr::PK)
-            .and_then(|v| v.as_s().ok())
-            .cloned()
-            .ok_or_else(|| Malformed {
-                pk: "?".into(),
-                detail: "missing Pk".into(),
-            })?;
+        let pk = pk_of(item).map(str::to_owned).ok_or_else(|| Malformed {
+            pk: "?".into(),
+            detail: "missing Pk".into(),
+        })?;
         Ok(Self { item, pk })
     }
 

@@ -12,7 +12,7 @@
 use super::changes::{CHANGES_PK, changes_key, changes_of};
 use super::client::{ConditionFailed, LeaseStore};
 use super::clock::now_ms;
-use super::codec::{Item, Malformed, attr, fleet_entry, n, s, worker_record};
+use super::codec::{Item, Malformed, attr, fleet_entry, key_item, n, pk_of, s, worker_record};
 use super::error::StoreError;
 use super::keys::{FLEET_HOLDER, Incarnation, StreamKey};
 use super::pages::PartitionQuery;
@@ -21,7 +21,6 @@ use super::update::Update;
 use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, ReturnConsumedCapacity, ReturnValue,
 };
-use std::collections::HashMap;
 use std::time::Duration;
 
 /// TTL of a live worker's item, refreshed by every renewal: long enough never
@@ -75,9 +74,7 @@ pub enum RenewOutcome {
 
 /// The keys of `who`'s worker items.
 fn worker_keys(who: &[Incarnation]) -> Vec<Item> {
-    who.iter()
-        .map(|w| HashMap::from([(attr::PK.to_string(), s(w.pk()))]))
-        .collect()
+    who.iter().map(|w| key_item(&w.pk())).collect()
 }
 
 /// Worker records of `items`; unreadable ones are logged and skipped (a
@@ -348,12 +345,7 @@ impl LeaseStore {
             .batch_get(operation, keys)
             .await?
             .into_iter()
-            .partition(|item| {
-                item.get(attr::PK)
-                    .and_then(|v| v.as_s().ok())
-                    .map(String::as_str)
-                    == Some(CHANGES_PK)
-            });
+            .partition(|item| pk_of(item) == Some(CHANGES_PK));
         Ok(Watched {
             changes: with_changes.then(|| counter.first().map_or(0, changes_of)),
             workers: parse_workers(workers),
@@ -383,7 +375,7 @@ impl LeaseStore {
     ) -> Result<Vec<Item>, StoreError> {
         let (mut found, left) = self.batch_get_as(operation, keys, true).await?;
         for key in left {
-            let Some(pk) = key.get(attr::PK).and_then(|v| v.as_s().ok()) else {
+            let Some(pk) = pk_of(&key) else {
                 continue;
             };
             found.extend(self.get_raw("get_unprocessed", pk).await?);

@@ -4,7 +4,7 @@
 //! their slots); and reading all of a (dead) incarnation's checkpoints back.
 
 use super::client::{ConditionFailed, LeaseStore};
-use super::codec::{Item, attr, n, s};
+use super::codec::{Item, attr, key_item, n, pk_of, s};
 use super::error::StoreError;
 use super::incarnations::{LIVE_ITEM_TTL, ttl};
 use super::keys::Incarnation;
@@ -124,13 +124,13 @@ impl LeaseStore {
         let keys = shard_pks
             .iter()
             .chain(&page_pks)
-            .map(|pk| Item::from([(attr::PK.to_string(), s(pk))]))
+            .map(|pk| key_item(pk))
             .collect();
         let mut items: HashMap<String, Item> = self
             .batch_get_consistent("batch_get_checkpoints", keys)
             .await?
             .into_iter()
-            .filter_map(|item| Some((item.get(attr::PK)?.as_s().ok()?.clone(), item)))
+            .filter_map(|item| Some((pk_of(&item)?.to_owned(), item)))
             .collect();
         let mut shards = vec![shard0];
         shards.extend(

@@ -5,7 +5,7 @@
 
 use super::admin::{CHANGE_INDEX, HOLDER_INDEX, LEGACY_INDEX};
 use super::client::LeaseStore;
-use super::codec::{Malformed, attr, s, stream_record};
+use super::codec::{Malformed, attr, pk_of, s, stream_record};
 use super::error::StoreError;
 use super::keys::{
     CHANGE_SHARDS, HOLDER_SHARDS, Incarnation, STREAM_PK_PREFIX, StreamKey, change_shard,
@@ -23,11 +23,6 @@ pub struct Sample {
     pub complete: bool,
     /// The first item from the partition's start, when the read went there.
     pub first: Option<String>,
-}
-
-/// An item's `Pk`, if it has a string one.
-fn pk_of(item: &super::codec::Item) -> Option<String> {
-    item.get(attr::PK).and_then(|v| v.as_s().ok()).cloned()
 }
 
 /// Items read, and the ones that could not be.
@@ -165,14 +160,17 @@ impl LeaseStore {
         if after.is_some() && reached_end && items.len() < limit {
             // Wrapped around: on from the start, until the limit or the first
             // item the first leg read (everything before it was read then).
-            let read: std::collections::HashSet<String> = items.iter().filter_map(pk_of).collect();
+            let read: std::collections::HashSet<String> = items
+                .iter()
+                .filter_map(|item| pk_of(item).map(str::to_owned))
+                .collect();
             let (front, front_end) = self
                 .query_partition_from(query(), None, Some(limit - items.len()))
                 .await?;
-            sample.first = front.first().and_then(pk_of);
+            sample.first = front.first().and_then(pk_of).map(str::to_owned);
             let mut met = false;
             for item in front {
-                if pk_of(&item).is_some_and(|pk| read.contains(&pk)) {
+                if pk_of(&item).is_some_and(|pk| read.contains(pk)) {
                     met = true;
                 } else {
                     items.push(item);
@@ -180,7 +178,7 @@ impl LeaseStore {
             }
             complete = front_end || met;
         } else if after.is_none() {
-            sample.first = items.first().and_then(pk_of);
+            sample.first = items.first().and_then(pk_of).map(str::to_owned);
         }
         sample.found.extend(items);
         sample.complete = complete;
@@ -207,7 +205,7 @@ impl LeaseStore {
             })
             .await?;
         self.record_reads("query_holder_end", out.consumed_capacity());
-        Ok(out.items().first().and_then(pk_of))
+        Ok(out.items().first().and_then(pk_of).map(str::to_owned))
     }
 
     /// Every stream an incarnation holds, across its shards (index items).

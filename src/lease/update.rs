@@ -6,7 +6,7 @@
 //! values it names, and every write reports its consumed capacity the same way.
 
 use super::client::{ConditionFailed, LeaseStore};
-use super::codec::{Item, attr, n, s};
+use super::codec::{Item, attr, n, pk_of, s};
 use super::error::StoreError;
 use super::keys::STREAM_PK_PREFIX;
 use crate::support::lock;
@@ -282,7 +282,7 @@ impl LeaseStore {
         item: Item,
         guard: &Update,
     ) -> Result<Result<(), ConditionFailed>, StoreError> {
-        let pk = item.get(attr::PK).and_then(|v| v.as_s().ok()).cloned();
+        let pk = pk_of(&item).map(str::to_owned);
         let out = self
             .call(operation, pk.as_deref(), || {
                 let req = self

@@ -158,18 +158,17 @@ async fn forward(
             request = request.header(name, value);
         }
     }
-    let sent = request.send().await;
-    if let (Some(unprocessed), Ok(resp)) = (unprocessed, &sent)
-        && resp.status().is_success()
-    {
-        let Ok(answer) = serde_json::from_slice::<serde_json::Value>(
-            &sent.expect("matched Ok").bytes().await.unwrap_or_default(),
-        ) else {
-            return StatusCode::BAD_GATEWAY.into_response();
-        };
-        let responses = answer.get("Responses").cloned().unwrap_or_default();
-        return batch_answer(&responses, unprocessed);
-    }
+    let sent = match (unprocessed, request.send().await) {
+        (Some(unprocessed), Ok(resp)) if resp.status().is_success() => {
+            let body = resp.bytes().await.unwrap_or_default();
+            let Ok(answer) = serde_json::from_slice::<serde_json::Value>(&body) else {
+                return StatusCode::BAD_GATEWAY.into_response();
+            };
+            let responses = answer.get("Responses").cloned().unwrap_or_default();
+            return batch_answer(&responses, unprocessed);
+        }
+        (_, sent) => sent,
+    };
     let write_or_item_read =
         ["UpdateItem", "PutItem", "DeleteItem", "GetItem"].contains(&operation);
     if mode == DynamoFault::LoseWriteAnswers && write_or_item_read {
