@@ -799,7 +799,7 @@ impl Acquirer {
             .filter(|h| self.registry.contains(&h.lease.key))
         {
             tracing::debug!(stream = %h.lease.key, "handing stream over");
-            h.signals.handoff.cancel();
+            h.signals.handoff.ask();
         }
     }
 

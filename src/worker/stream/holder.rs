@@ -154,7 +154,7 @@ impl Holder {
                 tokio::select! {
                     biased;
                     _ = signals.shutdown.cancelled() => return Box::pin(self.release(&mut session, ReleaseReason::Shutdown)).await,
-                    _ = signals.handoff.cancelled() => return Box::pin(self.release(&mut session, ReleaseReason::Rebalance)).await,
+                    () = signals.handoff.wait() => return Box::pin(self.release(&mut session, ReleaseReason::Rebalance)).await,
                     _ = fence.closed(), if serving => self.fence_session(&mut session),
                     _ = fence.open(), if !serving && !self.failed && !fence.is_valid() => {}
                     end = session_done => {
@@ -409,7 +409,7 @@ impl Holder {
     /// Whether this stream is to be released: shutdown or handoff was asked for.
     fn is_leaving(&self) -> bool {
         let signals = &self.held.signals;
-        signals.shutdown.is_cancelled() || signals.handoff.is_cancelled()
+        signals.shutdown.is_cancelled() || signals.handoff.asked()
     }
 
     /// Resolves once [`Self::is_leaving`] holds.
@@ -417,7 +417,7 @@ impl Holder {
         let signals = &self.held.signals;
         tokio::select! {
             _ = signals.shutdown.cancelled() => {}
-            _ = signals.handoff.cancelled() => {}
+            () = signals.handoff.wait() => {}
         }
     }
 

@@ -17,9 +17,37 @@ pub(crate) struct HolderSignals {
     /// Drain and release (graceful shutdown).
     pub shutdown: CancellationToken,
     /// Hand the stream over to another worker (fair share).
-    pub handoff: CancellationToken,
+    pub handoff: Handoff,
     /// The control plane changed the stream: re-read it.
     pub changed: Arc<Notify>,
+}
+
+/// A request to hand one stream over. Whether it was asked is a flag of its
+/// own beside the token the holder waits on: fair share counts every held
+/// stream's answer several times a pass (5,000 streams, four passes a
+/// second), and the token's own answer takes its lock each time. The two
+/// are set together, only here, so they cannot disagree.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Handoff {
+    asked: Arc<AtomicBool>,
+    token: CancellationToken,
+}
+
+impl Handoff {
+    /// Asks the holder to release the stream to another worker.
+    pub(crate) fn ask(&self) {
+        self.asked.store(true, Ordering::SeqCst);
+        self.token.cancel();
+    }
+
+    pub(crate) fn asked(&self) -> bool {
+        self.asked.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once [`Self::ask`] was called.
+    pub(crate) async fn wait(&self) {
+        self.token.cancelled().await;
+    }
 }
 
 /// One held stream.
@@ -39,7 +67,7 @@ pub(crate) struct HeldStream {
 impl HeldStream {
     /// Not being handed over or released.
     pub(crate) fn staying(&self) -> bool {
-        !self.signals.handoff.is_cancelled() && self.published()
+        !self.signals.handoff.asked() && self.published()
     }
 
     /// Still in the load this worker publishes: not released yet.
@@ -143,6 +171,23 @@ mod tests {
         }
     }
 
+    /// The flag fair share counts and the wake-up the holder waits on come
+    /// from one call, seen through every clone of the signals.
+    #[tokio::test]
+    async fn asking_for_a_handoff_is_counted_and_wakes_the_holder() {
+        let a = held("a");
+        let holders_copy = a.signals.handoff.clone();
+        let waiting = tokio::spawn(async move { holders_copy.wait().await });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished() && !a.signals.handoff.asked());
+        a.signals.handoff.ask();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("the holder woke")
+            .unwrap();
+        assert!(a.signals.handoff.asked() && !a.staying());
+    }
+
     /// A stream chosen for handoff leaves this worker's own count at once
     /// and the published load only when its release is stamped; the first
     /// stamp is the one a retried release carries.
@@ -153,7 +198,7 @@ mod tests {
         registry.insert(a.clone());
         registry.insert(b.clone());
         assert_eq!((registry.staying(), registry.published()), (2, 2));
-        a.signals.handoff.cancel();
+        a.signals.handoff.ask();
         assert_eq!((registry.staying(), registry.published()), (1, 2));
         assert_eq!(a.stamp_release(5_000), 5_000);
         assert_eq!((registry.staying(), registry.published()), (1, 1));
