@@ -26,8 +26,7 @@ ARG VERSION=0.4.0
 
 # Build stage: the toolchain of Cargo.toml's rust-version. rustls + ring
 # everywhere, so no OpenSSL and no cmake; C compiles (ring, the embedded
-# store's bundled SQLite, the mimalloc allocator) go through the cc crate and
-# gcc.
+# store's bundled SQLite) go through the cc crate and gcc.
 FROM --platform=$BUILDPLATFORM rust:1.95-bookworm@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1 AS build
 ARG TARGETARCH
 ARG BUILDARCH

@@ -1,12 +1,8 @@
-//! The `tether` binary: install the allocator, parse configuration, start logging and tracing, run one subcommand.
+//! The `tether` binary: parse configuration, start logging and tracing, run one subcommand.
 
 use clap::Parser;
 use std::process::ExitCode;
 use tether::config::Cli;
-use tether::support::{ALLOCATOR, Allocator};
-
-#[global_allocator]
-static GLOBAL: Allocator = ALLOCATOR;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -27,12 +27,7 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::Duration;
-use tether::support::{ALLOCATOR, Allocator, quantile};
-
-/// The allocator the `tether` binary installs, so the simulation's in-process
-/// workers allocate as deployed ones do.
-#[global_allocator]
-static GLOBAL: Allocator = ALLOCATOR;
+use tether::support::quantile;
 use tether_testkit::processes::WorkerProcess;
 use tokio::time::Instant;
 
