@@ -22,7 +22,7 @@
 //! others.
 
 use super::client::LeaseStore;
-use super::codec::{Item, key_item, n};
+use super::codec::{Item, n};
 use super::error::StoreError;
 use super::update::Update;
 use aws_sdk_dynamodb::types::ReturnValue;
@@ -109,9 +109,4 @@ pub(super) fn changes_of(item: &Item) -> u64 {
         .and_then(|v| v.as_n().ok())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
-}
-
-/// The key of [`CHANGES_PK`], for a batch read.
-pub(super) fn changes_key() -> Item {
-    key_item(CHANGES_PK)
 }

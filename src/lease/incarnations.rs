@@ -9,7 +9,7 @@
 //! worker's packed checkpoints (shard 0), its load for fair share, and an inbox
 //! of streams the control plane changed.
 
-use super::changes::{CHANGES_PK, changes_key, changes_of};
+use super::changes::{CHANGES_PK, changes_of};
 use super::client::{ConditionFailed, LeaseStore};
 use super::clock::now_ms;
 use super::codec::{Item, Malformed, attr, fleet_entry, key_item, n, pk_of, s, worker_record};
@@ -334,7 +334,7 @@ impl LeaseStore {
     ) -> Result<Watched, StoreError> {
         let mut keys = worker_keys(who);
         if with_changes {
-            keys.push(changes_key());
+            keys.push(key_item(CHANGES_PK));
         }
         let operation = if who.is_empty() {
             "read_changes"
