@@ -34,7 +34,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tether::support::lock;
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 
 /// DynamoDB's per-partition limits.
 pub const WRITE_UNITS_PER_SECOND: f64 = 1000.0;
@@ -154,17 +153,18 @@ struct ModelState {
     items: Mutex<HashMap<String, HashMap<String, Option<Value>>>>,
 }
 
+/// The model's runtime threads' name (at most 15 bytes: what `/proc` keeps
+/// of it). The model runs on threads of its own, so a benchmark can tell its
+/// share of the machine from the store's and the workers'
+/// (`crate::store::threads_cpu_seconds`).
+pub const MODEL_THREAD_NAME: &str = "capacity-model";
+
 /// The running model; stops when dropped.
 pub struct CapacityModel {
     pub addr: SocketAddr,
     state: Arc<ModelState>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for CapacityModel {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    /// Dropped with the model: its server and runtime stop.
+    _stop: tokio::sync::oneshot::Sender<()>,
 }
 
 impl CapacityModel {
@@ -175,7 +175,8 @@ impl CapacityModel {
         target: &str,
         throttling: bool,
     ) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(listen).await?;
+        let listener = std::net::TcpListener::bind(listen)?;
+        listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let state = Arc::new(ModelState {
             target: target.trim_end_matches('/').to_string(),
@@ -192,10 +193,32 @@ impl CapacityModel {
             items: Mutex::default(),
         });
         let app = Router::new().fallback(handle).with_state(state.clone());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Ok(Self { addr, state, task })
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(MODEL_THREAD_NAME)
+            .enable_all()
+            .build()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(MODEL_THREAD_NAME.into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let Ok(listener) = TcpListener::from_std(listener) else {
+                        return;
+                    };
+                    // Ends when the model is dropped (the sender with it);
+                    // the runtime, and every request under way, with it.
+                    tokio::select! {
+                        _ = std::future::IntoFuture::into_future(axum::serve(listener, app)) => {}
+                        _ = stopped => {}
+                    }
+                });
+            })?;
+        Ok(Self {
+            addr,
+            state,
+            _stop: stop,
+        })
     }
 
     pub fn endpoint(&self) -> String {

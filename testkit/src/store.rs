@@ -63,11 +63,17 @@ const STORE_THREAD_NAME: &str = "embedded-store";
 /// this process, so a benchmark can tell the simulated store's share of the
 /// machine from the simulated workers'. `None` off Linux.
 pub fn embedded_store_cpu_seconds() -> Option<f64> {
+    threads_cpu_seconds(STORE_THREAD_NAME)
+}
+
+/// CPU seconds (user and system) this process's threads named `name` have
+/// used. `None` off Linux.
+pub fn threads_cpu_seconds(name: &str) -> Option<f64> {
     let mut total = 0.0;
     for task in std::fs::read_dir("/proc/self/task").ok()? {
         let task = task.ok()?;
         let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.trim_end() != STORE_THREAD_NAME {
+        if comm.trim_end() != name {
             continue;
         }
         // A thread that ended meanwhile has nothing more to add.

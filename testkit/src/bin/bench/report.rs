@@ -245,16 +245,21 @@ fn markdown(r: &Value) -> String {
             "---|".repeat(designs.len()),
         ));
         let secs = |v: &Value| v.as_f64().map_or("–".into(), |s| format!("{s:.1} s"));
-        // Cores the simulation used (of the machine's), and the store's share.
+        // Cores the simulation used (of the machine's): the store's, the
+        // model's and the workers' shares.
         let cpu = |c: &Value| {
+            let share = |name: &str| c[name].as_f64().unwrap_or(f64::NAN);
             format!(
-                "{:.2} of {} (store {:.2})",
-                c["process_cores"].as_f64().unwrap_or(f64::NAN),
+                "{:.2} of {} (store {:.2}, model {:.2}, workers {:.2})",
+                share("process_cores"),
                 c["machine_cores"],
-                c["store_cores"].as_f64().unwrap_or(f64::NAN)
+                share("store_cores"),
+                share("model_cores"),
+                share("worker_cores")
             )
         };
-        let rows: [Row; 17] = [
+        let ms = |v: &Value| v.as_f64().map_or("–".into(), |ms| format!("{ms:.2} ms"));
+        let rows: [Row; 19] = [
             (
                 "streams loaded into the table before the fleet starts, in",
                 &|d| secs(&d["loaded_in_s"]),
@@ -275,6 +280,9 @@ fn markdown(r: &Value) -> String {
                 units_with_refused(&d["acquisition"])
             }),
             ("cores used then", &|d| cpu(&d["acquisition_cpu"])),
+            ("the workers' CPU per acquire sent then", &|d| {
+                ms(&d["acquisition_worker_ms_per_acquire"])
+            }),
             ("hottest key then", &|d| hottest(&d["acquisition"])),
             (
                 "every worker within ±1 of its fair share, after all were owned",
@@ -315,6 +323,9 @@ fn markdown(r: &Value) -> String {
                 units_with_refused(&d["failover"])
             }),
             ("cores used then", &|d| cpu(&d["failover_cpu"])),
+            ("the workers' CPU per acquire sent then", &|d| {
+                ms(&d["failover_worker_ms_per_acquire"])
+            }),
             ("hottest key then", &|d| hottest(&d["failover"])),
             ("double owners in the store's history", &|d| {
                 d["double_owners"].to_string()

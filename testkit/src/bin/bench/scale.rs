@@ -86,11 +86,13 @@ fn pass_pace(before: (u64, f64), after: (u64, f64), workers: usize, seconds: f64
 }
 
 /// CPU time used so far by this process (the simulated workers, the
-/// capacity model and the store) and by the embedded store's threads.
+/// capacity model and the store), by the embedded store's threads and by
+/// the capacity model's.
 struct CpuMark {
     at: Instant,
     process: Option<f64>,
     store: Option<f64>,
+    model: Option<f64>,
 }
 
 impl CpuMark {
@@ -99,12 +101,16 @@ impl CpuMark {
             at: Instant::now(),
             process: tether::process_metrics::stat(None).map(|s| s.cpu_seconds),
             store: tether_testkit::store::embedded_store_cpu_seconds(),
+            model: tether_testkit::store::threads_cpu_seconds(
+                tether_testkit::capacity::MODEL_THREAD_NAME,
+            ),
         }
     }
 
-    /// Cores used on average from this mark to `later`, in all and by the
-    /// store, and the machine's: a simulation using all of them is paced by
-    /// this machine, not by the protocol.
+    /// Cores used on average from this mark to `later`, in all, by the
+    /// store, by the model and by the rest (the workers), and the machine's:
+    /// a simulation using all of them is paced by this machine, not by the
+    /// protocol.
     fn cores_until(&self, later: &CpuMark) -> Cores {
         let seconds = later
             .at
@@ -112,10 +118,21 @@ impl CpuMark {
             .as_secs_f64()
             .max(f64::EPSILON);
         let cores = |a: Option<f64>, b: Option<f64>| Some((b? - a?) / seconds);
+        let (process, store, model) = (
+            cores(self.process, later.process),
+            cores(self.store, later.store),
+            cores(self.model, later.model),
+        );
         Cores {
-            process_cores: cores(self.process, later.process),
-            store_cores: cores(self.store, later.store),
+            process_cores: process,
+            store_cores: store,
+            model_cores: model,
+            worker_cores: process
+                .zip(store)
+                .zip(model)
+                .map(|((p, s), m)| (p - s - m).max(0.0)),
             machine_cores: std::thread::available_parallelism().map_or(0, usize::from),
+            seconds,
         }
     }
 
@@ -129,7 +146,20 @@ impl CpuMark {
 struct Cores {
     process_cores: Option<f64>,
     store_cores: Option<f64>,
+    model_cores: Option<f64>,
+    /// The process less the store and the model: the simulated workers
+    /// (their DynamoDB clients included) and the bench's own sampling.
+    worker_cores: Option<f64>,
     machine_cores: usize,
+    seconds: f64,
+}
+
+impl Cores {
+    /// The workers' CPU milliseconds per acquire sent (won or lost) over the
+    /// span: what the product spent, whatever the harness around it did.
+    fn worker_ms_per_acquire(&self, acquires: u64) -> Option<f64> {
+        Some(self.worker_cores? * self.seconds * 1000.0 / acquires.max(1) as f64)
+    }
 }
 
 fn held(workers: &[SimWorker]) -> i64 {
@@ -181,12 +211,17 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     }
     all_held(&workers, n, "acquired", |_| {}).await?;
     let acquire_all = t0.elapsed().as_secs_f64();
-    let cold_cpu = json!(cold_cpu.cores_since());
+    let cold_cores = cold_cpu.cores_since();
+    let cold_cpu = json!(cold_cores);
     println!("scale: CPU during the cold start: {cold_cpu}");
     let cold_passes = pass_pace((0, 0.0), full_passes(&workers), workers.len(), acquire_all);
     println!("scale: full passes during the cold start: {cold_passes}");
     let (races_won, races_lost) = races(&workers);
     println!("scale: acquires won {races_won}, lost to another worker {races_lost}");
+    let cold_ms_per_acquire = cold_cores.worker_ms_per_acquire(races_won + races_lost);
+    println!(
+        "scale: the workers' CPU per acquire during the cold start: {cold_ms_per_acquire:?} ms"
+    );
     let during_acquisition = model.report();
     println!(
         "scale: requests during the cold start by operation: {:?}; {} write units, {} of them for {} refused writes",
@@ -287,7 +322,11 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         let cpu = last_cpu.cores_until(&mark);
         last_cpu = mark;
         let rounded = |cores: Option<f64>| cores.map_or(f64::NAN, round2);
-        cpu_by_second.push((rounded(cpu.process_cores), rounded(cpu.store_cores)));
+        cpu_by_second.push((
+            rounded(cpu.process_cores),
+            rounded(cpu.store_cores),
+            rounded(cpu.model_cores),
+        ));
         let now = races(workers);
         races_by_second.push((now.0 - last.0, now.1 - last.1));
         last = now;
@@ -301,13 +340,14 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         "scale: acquires won / lost to another worker in each second of the failover: {races_by_second:?}"
     );
     println!(
-        "scale: cores used (all / the store) in each second of the failover: {cpu_by_second:?}"
+        "scale: cores used (all / the store / the model) in each second of the failover: {cpu_by_second:?}"
     );
     println!(
         "scale: full passes finished / their mean ms in each second of the failover: {passes_by_second:?}"
     );
     let failover = t1.elapsed().as_secs_f64();
-    let failover_cpu = json!(failover_cpu.cores_since());
+    let failover_cores = failover_cpu.cores_since();
+    let failover_cpu = json!(failover_cores);
     println!("scale: CPU during the failover: {failover_cpu}");
     let failover_passes = pass_pace(
         passes_before,
@@ -318,6 +358,11 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     println!("scale: full passes during the failover: {failover_passes}");
     let (won_after, lost_after) = races(&workers);
     let (failover_won, failover_lost) = (won_after - won_before, lost_after - lost_before);
+    let failover_ms_per_acquire =
+        failover_cores.worker_ms_per_acquire(failover_won + failover_lost);
+    println!(
+        "scale: the workers' CPU per acquire during the failover: {failover_ms_per_acquire:?} ms"
+    );
     let during_failover = model.report();
     let history = model.history();
     let crashed: Vec<String> = (0..killed).map(sim_worker_id).collect();
@@ -368,6 +413,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         "acquire_all_s": acquire_all,
         "acquisition_passes": cold_passes,
         "acquisition_cpu": cold_cpu,
+        "acquisition_worker_ms_per_acquire": cold_ms_per_acquire,
         "acquisition": during_acquisition,
         "steady": steady,
         "steady_window_s": steady_window.as_secs_f64(),
@@ -384,6 +430,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         "failover_races_by_second": races_by_second,
         "failover_passes": failover_passes,
         "failover_cpu": failover_cpu,
+        "failover_worker_ms_per_acquire": failover_ms_per_acquire,
         "failover_cpu_by_second": cpu_by_second,
         "failover_passes_by_second": passes_by_second,
         "failover_acquires_won": failover_won,
