@@ -132,7 +132,8 @@ impl Acquirer {
         }
         if !self.dead_checkpoints.contains_key(dead) {
             let checkpoints = self.ctx.store.checkpoints_of(dead).await?;
-            self.dead_checkpoints.insert(dead.clone(), checkpoints);
+            self.dead_checkpoints
+                .insert(dead.clone(), std::sync::Arc::new(checkpoints));
         }
         let checkpoints = self.dead_checkpoints.get(dead).cloned().unwrap_or_default();
         let mut started = crate::lease::Found {

@@ -61,7 +61,7 @@ const ACQUIRE_CONCURRENCY: usize = 16;
 /// A stream acquired (or adopted) and ready to be served.
 #[derive(Debug)]
 pub(crate) struct Acquired {
-    pub held: HeldStream,
+    pub held: Arc<HeldStream>,
     pub record: StreamRecord,
 }
 
@@ -150,8 +150,10 @@ pub(crate) struct Acquirer {
     pub(super) pending: HashMap<StreamKey, u64>,
     /// Last state, `released_at_ms` and draining flag seen per worker.
     pub(super) markers: HashMap<Incarnation, (WorkerState, Option<u64>, bool)>,
-    /// Dead incarnations' packed checkpoints, read once per takeover.
-    pub(super) dead_checkpoints: HashMap<Incarnation, Checkpoints>,
+    /// Dead incarnations' packed checkpoints, read once per takeover and
+    /// shared with each pass that takes its streams (not copied: a busy
+    /// dead owner's are thousands of entries).
+    pub(super) dead_checkpoints: HashMap<Incarnation, Arc<Checkpoints>>,
     /// Departed incarnations still listed in the fleet.
     pub(super) ended: HashMap<Incarnation, Ended>,
     /// This incarnation's fence: nothing is acquired while it is closed.
@@ -190,7 +192,7 @@ pub(crate) struct Acquirer {
     pub(super) quiet: super::quiet_state::QuietState,
     /// Streams chosen to hand over and when that was announced; released
     /// once peers had time to see the announcement (`release_deferred`).
-    pub(super) deferred_handoff: Option<(Instant, Vec<HeldStream>)>,
+    pub(super) deferred_handoff: Option<(Instant, Vec<Arc<HeldStream>>)>,
     /// Where bounded reads of orphan partitions start.
     pub(super) spread: super::sampling::Spread,
     /// Orphan partitions this pass read only in part (a bounded read that
@@ -659,12 +661,12 @@ impl Acquirer {
         dead_owner_checkpoint: Option<u64>,
     ) {
         let checkpoint = record.checkpoint.max(dead_owner_checkpoint);
-        let held = HeldStream {
+        let held = Arc::new(HeldStream {
             progress: Arc::new(StreamProgress::new(checkpoint, record.checkpoint)),
             signals: HolderSignals::default(),
             released_at_ms: Default::default(),
             lease,
-        };
+        });
         self.registry.insert(held.clone());
         // The receiver only goes away when the worker stops; the stream then
         // stays in this incarnation's partitions for the final audit.
@@ -737,11 +739,11 @@ impl Acquirer {
         if count == 0 {
             return;
         }
-        let mut movable: Vec<HeldStream> = self
+        let mut movable: Vec<Arc<HeldStream>> = self
             .registry
             .snapshot()
             .into_iter()
-            .filter(HeldStream::staying)
+            .filter(|h| h.staying())
             .collect();
         movable.shuffle(&mut rand::rng());
         self.moved_in.retain(|k| self.registry.contains(k));
@@ -761,7 +763,7 @@ impl Acquirer {
             ?peers,
             "handing streams over to rebalance the fleet"
         );
-        let chosen: Vec<HeldStream> = movable.into_iter().take(count as usize).collect();
+        let chosen: Vec<Arc<HeldStream>> = movable.into_iter().take(count as usize).collect();
         // Announced ahead of the releases (the release marker follows them):
         // quiet peers are making full passes when the streams land, and take
         // them within a pass instead of at their next watch read.

@@ -15,6 +15,7 @@ use super::slot_book::{PageWrite, SlotBook};
 use crate::lease::{Checkpoint, PackedShard, StreamKey, named_size, slotted_size};
 use crate::worker::stream::HeldStream;
 use std::collections::HashMap;
+use std::sync::Arc;
 use tokio::time::Instant;
 
 /// Bytes of entries in the worker item while every peer reads slotted
@@ -41,7 +42,7 @@ pub(super) struct Packed {
     /// How many shards exist after this heartbeat (shard 0 included).
     pub shard_count: u32,
     /// Streams whose checkpoint stood still: fold `seq` into their item.
-    pub folds: Vec<(HeldStream, u64)>,
+    pub folds: Vec<(Arc<HeldStream>, u64)>,
     /// Slot pages to write (new or changed slots, or a refresh).
     pub pages_to_write: Vec<PageWrite>,
     /// Slot pages no slot in use lives in, with the write that left each.
@@ -79,11 +80,13 @@ impl Packer {
     /// Packs `held` for one heartbeat: by slot where `slotted` (every LIVE
     /// peer reads slotted entries) and the stream's slot is written, by name
     /// otherwise.
-    pub(super) fn pack(&mut self, held: &[HeldStream], slotted: bool, now: Instant) -> Packed {
-        let keys: std::collections::HashSet<&StreamKey> =
-            held.iter().map(|h| &h.lease.key).collect();
-        self.slots.retain(|k| keys.contains(k));
-        let mut entries: Vec<(StreamKey, Entry, u64, &HeldStream)> = held
+    pub(super) fn pack(&mut self, held: &[Arc<HeldStream>], slotted: bool, now: Instant) -> Packed {
+        if !self.slots.is_empty() {
+            let keys: std::collections::HashSet<&StreamKey> =
+                held.iter().map(|h| &h.lease.key).collect();
+            self.slots.retain(|k| keys.contains(k));
+        }
+        let mut entries: Vec<(StreamKey, Entry, u64, &Arc<HeldStream>)> = held
             .iter()
             .filter_map(|h| {
                 let seq = h.progress.unstored_checkpoint()?;
@@ -184,15 +187,14 @@ mod tests {
     use super::*;
     use crate::lease::{Incarnation, Lease};
     use crate::worker::stream::StreamProgress;
-    use std::sync::Arc;
 
     fn now() -> Instant {
         Instant::now()
     }
 
-    fn held(name: &str, acked: Option<u64>, persisted: Option<u64>) -> HeldStream {
+    fn held(name: &str, acked: Option<u64>, persisted: Option<u64>) -> Arc<HeldStream> {
         let progress = StreamProgress::new(acked, persisted);
-        HeldStream {
+        Arc::new(HeldStream {
             lease: Lease {
                 key: StreamKey::new("ns", name),
                 owner: Incarnation::new("w"),
@@ -201,7 +203,7 @@ mod tests {
             progress: Arc::new(progress),
             signals: Default::default(),
             released_at_ms: Default::default(),
-        }
+        })
     }
 
     #[test]
@@ -232,7 +234,7 @@ mod tests {
 
     #[test]
     fn many_streams_spill_into_further_shards_written_only_when_changed() {
-        let streams: Vec<HeldStream> = (0..2000)
+        let streams: Vec<Arc<HeldStream>> = (0..2000)
             .map(|i| held(&format!("stream-{i:05}"), Some(1_000_000 + i), None))
             .collect();
         let mut p = Packer::default();
@@ -262,7 +264,7 @@ mod tests {
 
     #[test]
     fn busy_streams_go_by_slot_once_their_page_is_written_and_fit_the_worker_item() {
-        let streams: Vec<HeldStream> = (0..100)
+        let streams: Vec<Arc<HeldStream>> = (0..100)
             .map(|i| held(&format!("busy-stream-{i:03}"), Some(500 + i), None))
             .collect();
         let mut p = Packer::default();

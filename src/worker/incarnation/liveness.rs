@@ -63,7 +63,7 @@ struct Chores {
     changed_shards: Vec<(u32, PackedShard)>,
     stale_shards: Vec<u32>,
     pages_to_delete: Vec<(u32, u64)>,
-    folds: Vec<(HeldStream, u64)>,
+    folds: Vec<(Arc<HeldStream>, u64)>,
 }
 
 /// What the chores wrote, for the packer's memory.

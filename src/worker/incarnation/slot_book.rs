@@ -125,6 +125,12 @@ impl SlotBook {
         usable.zip(delta)
     }
 
+    /// Whether no stream has a slot (none was ever packed by slot, or all
+    /// were forgotten): nothing for `retain` to look up.
+    pub(super) fn is_empty(&self) -> bool {
+        self.streams.is_empty()
+    }
+
     /// Forgets the slots of streams no longer held.
     pub(super) fn retain(&mut self, held: impl Fn(&StreamKey) -> bool) {
         let Self { streams, slots, .. } = self;

@@ -70,7 +70,8 @@ pub(crate) struct Holder {
     /// ones), and what it is given.
     sessions: Arc<dyn Sessions>,
     deps: Arc<SessionDeps>,
-    held: HeldStream,
+    /// Shared with the registry: one copy of the lease and the signals.
+    held: Arc<HeldStream>,
     /// The stream item, without its spec JSON: the spec is kept parsed
     /// (shared with the session) and as a digest for noticing changes, so a
     /// held stream does not carry the same spec three times.
@@ -90,7 +91,7 @@ impl Holder {
         ctx: Arc<Shared>,
         sessions: Arc<dyn Sessions>,
         deps: Arc<SessionDeps>,
-        held: HeldStream,
+        held: Arc<HeldStream>,
         record: StreamRecord,
     ) -> Self {
         let (record, spec, spec_digest) = parsed(record);
