@@ -57,17 +57,12 @@ pub fn endpoint() -> (String, &'static str) {
 
 /// The embedded store's runtime threads' name (at most 15 bytes: what
 /// `/proc` keeps of it).
-const STORE_THREAD_NAME: &str = "embedded-store";
-
-/// CPU seconds (user and system) the embedded store's threads have used in
-/// this process, so a benchmark can tell the simulated store's share of the
-/// machine from the simulated workers'. `None` off Linux.
-pub fn embedded_store_cpu_seconds() -> Option<f64> {
-    threads_cpu_seconds(STORE_THREAD_NAME)
-}
+pub const STORE_THREAD_NAME: &str = "embedded-store";
 
 /// CPU seconds (user and system) this process's threads named `name` have
-/// used. `None` off Linux.
+/// used ([`STORE_THREAD_NAME`], `capacity::MODEL_THREAD_NAME`), so a
+/// benchmark can tell the simulated store's and the model's shares of the
+/// machine from the simulated workers'. `None` off Linux.
 pub fn threads_cpu_seconds(name: &str) -> Option<f64> {
     let mut total = 0.0;
     for task in std::fs::read_dir("/proc/self/task").ok()? {

@@ -119,9 +119,10 @@ impl Holder {
     #[allow(clippy::manual_async_fn)]
     pub(crate) fn run(mut self) -> impl Future<Output = HolderEnd> + Send {
         async move {
-            let signals = self.held.signals.clone();
+            // The registry's handle, not copies of its signals and progress:
+            // `self` is borrowed by the branches below.
+            let held = Arc::clone(&self.held);
             let fence = self.deps.fence.clone();
-            let progress = self.held.progress.clone();
             let mut session: Option<Running> = None;
             // Adopted by the audit or a resolved acquire while STOPPED (or
             // deleted): released, never served.
@@ -154,8 +155,8 @@ impl Holder {
                 };
                 tokio::select! {
                     biased;
-                    _ = signals.shutdown.cancelled() => return Box::pin(self.release(&mut session, ReleaseReason::Shutdown)).await,
-                    () = signals.handoff.wait() => return Box::pin(self.release(&mut session, ReleaseReason::Rebalance)).await,
+                    _ = held.signals.shutdown.cancelled() => return Box::pin(self.release(&mut session, ReleaseReason::Shutdown)).await,
+                    () = held.signals.handoff.wait() => return Box::pin(self.release(&mut session, ReleaseReason::Rebalance)).await,
                     _ = fence.closed(), if serving => self.fence_session(&mut session),
                     _ = fence.open(), if !serving && !self.failed && !fence.is_valid() => {}
                     end = session_done => {
@@ -164,12 +165,12 @@ impl Holder {
                             return end;
                         }
                     }
-                    _ = signals.changed.notified() => {
+                    _ = held.signals.changed.notified() => {
                         if let Some(end) = Box::pin(self.follow_change(&mut session)).await {
                             return end;
                         }
                     }
-                    _ = progress.status_changed(), if due.is_none() => {}
+                    _ = held.progress.status_changed(), if due.is_none() => {}
                     _ = status_due => {
                         if let Some(end) = Box::pin(self.write_status(&mut session)).await {
                             return end;

@@ -100,7 +100,9 @@ impl CpuMark {
         Self {
             at: Instant::now(),
             process: tether::process_metrics::stat(None).map(|s| s.cpu_seconds),
-            store: tether_testkit::store::embedded_store_cpu_seconds(),
+            store: tether_testkit::store::threads_cpu_seconds(
+                tether_testkit::store::STORE_THREAD_NAME,
+            ),
             model: tether_testkit::store::threads_cpu_seconds(
                 tether_testkit::capacity::MODEL_THREAD_NAME,
             ),
