@@ -48,7 +48,9 @@ pub(super) const QUIET_AUDIT_HEARTBEATS: u32 = 16;
 /// (a share of them at each tick): the last resort for a spec written with
 /// no notification at all (by hand, or by a writer of an earlier release),
 /// acted on within `AUDIT_HEARTBEATS × CONTROL_SWEEP_TICKS` heartbeats
-/// (8.5 min with the defaults). A notification lost with its writer is
+/// (8.5 min with the defaults), plus the ticks a takeover held shares back
+/// (`acquirer::audit_schedule`; a worker that never stops taking orphans
+/// over sweeps every fourth tick). A notification lost with its writer is
 /// repaired sooner, by whoever mirrors the resource next
 /// (`lease::owner_behind`); STOPPED and deletions show in the index and are
 /// acted on at the next audit. Every 64 s, as before 0.3, this sweep was

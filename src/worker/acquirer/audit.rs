@@ -19,7 +19,8 @@
 //! are what finds writes no one announces.
 //!
 //! While a worker takes orphans over, its audit waits for the longer period
-//! (`audit_schedule`); the sweep and the roster keep theirs.
+//! and the sweep's share waits for the takeover's end, at most three ticks
+//! (`audit_schedule`); the roster keeps its tick.
 
 use super::pass::Acquirer;
 use crate::lease::{
@@ -47,8 +48,8 @@ impl Acquirer {
             self.taking_over(now),
         );
         // In memory only: a failing store does not skip a share.
-        if let Some(tick) = due.tick {
-            self.sweep(tick);
+        if let Some(share) = due.sweep {
+            self.sweep(share);
         }
         if due.audit
             && let Err(e) = self.audit().await
@@ -56,7 +57,7 @@ impl Acquirer {
             self.audit_schedule.failed();
             return Err(e);
         }
-        if due.tick.is_some() {
+        if due.tick {
             self.find_vanished(workers).await?;
         }
         Ok(())
@@ -129,12 +130,13 @@ impl Acquirer {
     }
 
     /// Specs are not in the index: a rolling share of the held streams is
-    /// re-read by their holders at each tick, every held item once in
-    /// [`CONTROL_SWEEP_TICKS`] ticks (the last resort for a spec written
-    /// with no notification at all).
-    fn sweep(&self, tick: u64) {
+    /// re-read by their holders at each tick (the share waits while this
+    /// worker takes orphans over: `audit_schedule`), every held item once
+    /// in [`CONTROL_SWEEP_TICKS`] shares (the last resort for a spec
+    /// written with no notification at all).
+    fn sweep(&self, share: u64) {
         for held in self.registry.snapshot() {
-            if sweep_turn(&held.lease.key, tick) {
+            if sweep_turn(&held.lease.key, share) {
                 held.signals.changed.notify_one();
             }
         }
@@ -158,13 +160,13 @@ impl Acquirer {
     }
 }
 
-/// Whether `key`'s item is re-read at tick number `tick`: each stream at one
-/// tick of every [`CONTROL_SWEEP_TICKS`], spread evenly.
-fn sweep_turn(key: &StreamKey, tick: u64) -> bool {
+/// Whether `key`'s item is re-read in share number `share`: each stream in
+/// one share of every [`CONTROL_SWEEP_TICKS`], spread evenly.
+fn sweep_turn(key: &StreamKey, share: u64) -> bool {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     key.hash(&mut hasher);
-    hasher.finish() % CONTROL_SWEEP_TICKS == tick % CONTROL_SWEEP_TICKS
+    hasher.finish() % CONTROL_SWEEP_TICKS == share % CONTROL_SWEEP_TICKS
 }
 
 #[cfg(test)]

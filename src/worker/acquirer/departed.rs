@@ -116,7 +116,7 @@ impl Acquirer {
         let mut found = crate::lease::Found::default();
         let mut emptied_now = 0u32;
         for shard in turn {
-            let (part, complete) = self.sample("query_held", &dead.holder(shard)).await?;
+            let (part, complete) = self.sample("query_departed", &dead.holder(shard)).await?;
             if complete && part.records.is_empty() && part.malformed.is_empty() {
                 emptied_now |= 1 << shard;
             }

@@ -234,7 +234,10 @@ impl Acquirer {
             unowned_seen: true,
             orphans_seen: true,
             last_full_refresh: None,
-            audit_schedule: super::audit_schedule::AuditSchedule::new(Instant::now()),
+            audit_schedule: super::audit_schedule::AuditSchedule::at_random_phase(
+                Instant::now(),
+                heartbeat,
+            ),
             last_handoff: None,
             last_extra_handoff: None,
             last_peer_release: None,

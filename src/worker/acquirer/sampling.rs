@@ -6,7 +6,7 @@
 //! so 100,000 new streams on 20 workers took minutes to acquire, reading two
 //! million index items a round; and workers that read a partition from its
 //! start all race for the same first items. So a read takes at most
-//! [`read_limit`] items (twice what the pacing lets this worker take from one
+//! [`read_limit`] items (what the pacing lets this worker take from one
 //! partition in a second, no more than twice what it has room for) and starts
 //! at a random key between the first and the last item seen there, wrapping around to the start: every item is still
 //! reachable from any start, and a read that finds fewer than the limit has
@@ -28,21 +28,27 @@ use std::collections::HashMap;
 
 /// Fewest items a bounded read asks for, whatever the pacing: a few
 /// workers racing for one partition still find some left.
-const MIN_READ: usize = 64;
+const MIN_READ: usize = 32;
 /// Most items one read of a partition takes at its narrowest.
 const MAX_READ: usize = 2_000;
 /// Most a read widens while acquires lose races.
 const MAX_WIDEN: usize = 32;
 
 /// Items one read of a partition takes, with `live` workers sharing each
-/// partition's write budget and room for `room` more streams: twice what
-/// this worker may take from it in a second (its pacing bucket holds a
-/// second's worth) and twice its room, so racing workers and streams that
-/// are not to be taken (not STARTED, just released by this worker) still
-/// leave enough.
+/// partition's write budget and room for `room` more streams: what this
+/// worker may take from it in a second (its pacing bucket holds a second's
+/// worth), and no more than twice its room (streams it may not take: not
+/// STARTED, just released by this worker).
+///
+/// It was twice the bucket, but a pass leaves a partition it read in
+/// part at its first lost race (`pass::Contested`), after about 13 wins
+/// when 18 workers took a dead peer's partitions over, so most of a double
+/// read went unused, and the items read were the largest cost a takeover
+/// had that a cold start did not. A read that keeps losing races widens
+/// (`Spread::raced`), which is the slack racing workers need.
 pub(super) fn read_limit(live: usize, room: usize) -> usize {
     let per_second = PARTITION_WRITE_BUDGET / live.max(1) as f64;
-    ((2.0 * per_second).ceil() as usize)
+    (per_second.ceil() as usize)
         .min(room.saturating_mul(2))
         .clamp(MIN_READ, MAX_READ)
 }
@@ -242,9 +248,10 @@ mod tests {
 
     #[test]
     fn the_read_limit_follows_the_pacing_share_and_the_room_within_its_bounds() {
-        assert_eq!(read_limit(1, usize::MAX), 1_600);
-        assert_eq!(read_limit(20, usize::MAX), 80);
+        assert_eq!(read_limit(1, usize::MAX), 800);
+        assert_eq!(read_limit(20, usize::MAX), 40);
         assert_eq!(read_limit(4, 50), 100);
+        assert_eq!(read_limit(4, 40), 80);
         assert_eq!(read_limit(4, 0), MIN_READ);
         assert_eq!(read_limit(1_000, usize::MAX), MIN_READ);
     }

@@ -164,6 +164,49 @@ impl Cores {
     }
 }
 
+/// The reads a worker makes, by the operation its store client names them.
+const READ_OPERATIONS: [&str; 14] = [
+    "query_fleet",
+    "query_unowned",
+    "query_departed",
+    "query_held",
+    "query_holder_end",
+    "get_item",
+    "reread_item",
+    "get_worker",
+    "batch_get_workers",
+    "batch_get_checkpoints",
+    "read_changes",
+    "read_changes_poked",
+    "query_changes",
+    "roster",
+];
+
+/// Successful reads and their read units so far, by operation.
+fn reads_by_operation(
+    metrics: &StoreMetrics,
+) -> std::collections::BTreeMap<&'static str, (u64, f64)> {
+    READ_OPERATIONS
+        .iter()
+        .map(|op| (*op, (metrics.succeeded(op), round2(metrics.read_units(op)))))
+        .collect()
+}
+
+/// The reads between two [`reads_by_operation`] marks, the ones made.
+fn reads_since(
+    before: &std::collections::BTreeMap<&'static str, (u64, f64)>,
+    after: &std::collections::BTreeMap<&'static str, (u64, f64)>,
+) -> std::collections::BTreeMap<&'static str, (u64, f64)> {
+    after
+        .iter()
+        .map(|(op, (n, units))| {
+            let (n0, u0) = before.get(op).copied().unwrap_or_default();
+            (*op, (n - n0, round2(units - u0)))
+        })
+        .filter(|(_, (n, _))| *n > 0)
+        .collect()
+}
+
 fn held(workers: &[SimWorker]) -> i64 {
     workers.iter().map(SimWorker::held).sum()
 }
@@ -201,10 +244,12 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     let t0 = Instant::now();
     let cold_cpu = CpuMark::now();
     let mut workers = Vec::new();
+    // One set of store metrics for the whole fleet: what it read, by operation.
+    let store_metrics = Arc::new(StoreMetrics::new());
     for i in 0..p.scale_workers {
         let store = LeaseStore::connect(
             StoreConfig::local(&table, model.endpoint()),
-            Arc::new(StoreMetrics::new()),
+            store_metrics.clone(),
         )
         .await?;
         let mut settings = sim::settings(&sim_worker_id(i), p.lease, p.heartbeat, p.reconcile, n);
@@ -225,6 +270,10 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         "scale: the workers' CPU per acquire during the cold start: {cold_ms_per_acquire:?} ms"
     );
     let during_acquisition = model.report();
+    let cold_reads = reads_by_operation(&store_metrics);
+    println!(
+        "scale: the workers' reads during the cold start by operation (requests, read units): {cold_reads:?}"
+    );
     println!(
         "scale: requests during the cold start by operation: {:?}; {} write units, {} of them for {} refused writes",
         during_acquisition.requests_by_target,
@@ -304,6 +353,7 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
     let lost = held(&workers[..killed]);
     let (won_before, lost_before) = races(&workers[killed..]);
     let killed_at_ms = model.now_ms();
+    let reads_before_failover = reads_by_operation(&store_metrics);
     let t1 = Instant::now();
     let failover_cpu = CpuMark::now();
     for w in workers.drain(..killed) {
@@ -366,6 +416,10 @@ async fn tether_run(ctx: &Ctx, whole: bool) -> anyhow::Result<Value> {
         "scale: the workers' CPU per acquire during the failover: {failover_ms_per_acquire:?} ms"
     );
     let during_failover = model.report();
+    let failover_reads = reads_since(&reads_before_failover, &reads_by_operation(&store_metrics));
+    println!(
+        "scale: the workers' reads during the failover by operation (requests, read units): {failover_reads:?}"
+    );
     let history = model.history();
     let crashed: Vec<String> = (0..killed).map(sim_worker_id).collect();
     let declared_dead_s = declared_dead_after(&history, &crashed, killed_at_ms);
