@@ -182,10 +182,11 @@ const READ_OPERATIONS: [&str; 14] = [
     "roster",
 ];
 
-/// Successful reads and their read units so far, by operation.
-fn reads_by_operation(
-    metrics: &StoreMetrics,
-) -> std::collections::BTreeMap<&'static str, (u64, f64)> {
+/// Successful reads and their read units, by operation.
+type Reads = std::collections::BTreeMap<&'static str, (u64, f64)>;
+
+/// The reads made so far.
+fn reads_by_operation(metrics: &StoreMetrics) -> Reads {
     READ_OPERATIONS
         .iter()
         .map(|op| (*op, (metrics.succeeded(op), round2(metrics.read_units(op)))))
@@ -193,10 +194,7 @@ fn reads_by_operation(
 }
 
 /// The reads between two [`reads_by_operation`] marks, the ones made.
-fn reads_since(
-    before: &std::collections::BTreeMap<&'static str, (u64, f64)>,
-    after: &std::collections::BTreeMap<&'static str, (u64, f64)>,
-) -> std::collections::BTreeMap<&'static str, (u64, f64)> {
+fn reads_since(before: &Reads, after: &Reads) -> Reads {
     after
         .iter()
         .map(|(op, (n, units))| {
