@@ -26,7 +26,7 @@ ARG VERSION=0.4.0
 
 # Build stage: the toolchain of Cargo.toml's rust-version. rustls + ring
 # everywhere, so no OpenSSL and no cmake; C compiles (ring, the embedded
-# store's bundled SQLite) go through the cc crate and gcc.
+# store's bundled SQLite, jemalloc's configure and make) go through gcc.
 FROM --platform=$BUILDPLATFORM rust:1.95-bookworm@sha256:6258907abe69656e41cd992e0b705cdcfabcbbe3db374f92ed2d47121282d4a1 AS build
 ARG TARGETARCH
 ARG BUILDARCH
@@ -67,10 +67,15 @@ COPY testkit ./testkit
 # builds (and across changes to the workspace), and downloaded crates in the
 # cargo registry cache. The binary is copied out of the cache mount, which is
 # not part of the stage's filesystem. Stripping is done by the linker, so it
-# works for the cross target too.
+# works for the cross target too. jemalloc (the binary's allocator) is built
+# for one page size: arm64 kernels run 4 KiB or 64 KiB pages, and one built
+# for 64 KiB runs on both.
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
     triple="$(cat rust-target)"; \
+    if [ "$TARGETARCH" = arm64 ]; then \
+      export JEMALLOC_SYS_WITH_LG_PAGE=16; \
+    fi; \
     if [ "$TARGETARCH" != "$BUILDARCH" ]; then \
       gcc="${triple%%-*}-linux-gnu-gcc"; \
       upper="${triple^^}"; \

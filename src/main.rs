@@ -4,6 +4,10 @@ use clap::Parser;
 use std::process::ExitCode;
 use tether::config::Cli;
 
+/// See `tether::support::Allocator` for why not the C library's.
+#[global_allocator]
+static ALLOCATOR: tether::support::Allocator = tether::support::Allocator;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Declared before the runtime, so it is dropped (traces flushed) after it.

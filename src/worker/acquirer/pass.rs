@@ -26,7 +26,7 @@ use crate::worker::settings::{
 };
 use crate::worker::shared::Shared;
 use crate::worker::stream::StreamProgress;
-use crate::worker::stream::{HeldStream, HolderSignals, Registry};
+use crate::worker::stream::{HeldStream, Registry};
 use futures::StreamExt;
 use rand::seq::SliceRandom;
 use std::collections::{HashMap, HashSet};
@@ -664,12 +664,10 @@ impl Acquirer {
         dead_owner_checkpoint: Option<u64>,
     ) {
         let checkpoint = record.checkpoint.max(dead_owner_checkpoint);
-        let held = Arc::new(HeldStream {
-            progress: Arc::new(StreamProgress::new(checkpoint, record.checkpoint)),
-            signals: HolderSignals::default(),
-            released_at_ms: Default::default(),
+        let held = Arc::new(HeldStream::new(
             lease,
-        });
+            Arc::new(StreamProgress::new(checkpoint, record.checkpoint)),
+        ));
         self.registry.insert(held.clone());
         // The receiver only goes away when the worker stops; the stream then
         // stays in this incarnation's partitions for the final audit.
@@ -804,7 +802,7 @@ impl Acquirer {
             .filter(|h| self.registry.contains(&h.lease.key))
         {
             tracing::debug!(stream = %h.lease.key, "handing stream over");
-            h.signals.handoff.ask();
+            h.ask_handoff();
         }
     }
 

@@ -194,16 +194,14 @@ mod tests {
 
     fn held(name: &str, acked: Option<u64>, persisted: Option<u64>) -> Arc<HeldStream> {
         let progress = StreamProgress::new(acked, persisted);
-        Arc::new(HeldStream {
-            lease: Lease {
+        Arc::new(HeldStream::new(
+            Lease {
                 key: StreamKey::new("ns", name),
                 owner: Incarnation::new("w"),
                 counter: 7,
             },
-            progress: Arc::new(progress),
-            signals: Default::default(),
-            released_at_ms: Default::default(),
-        })
+            Arc::new(progress),
+        ))
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub(super) use connect_limit::ConnectLimiter;
 pub(super) use holder::{Holder, HolderEnd};
 pub use progress::StreamProgress;
 pub use provenance::{Origin, Provenance};
-pub(super) use registry::{HeldStream, HolderSignals, Registry};
+pub(super) use registry::{HeldStream, Registry};
 pub(super) use session::WebSocketSessions;
 pub use session::{SessionConfig, SessionControl, SessionDeps, SessionEnd, Sessions};
 pub(super) use transport::Dialer;

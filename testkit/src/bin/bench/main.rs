@@ -28,6 +28,12 @@ use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::Duration;
 use tether::support::quantile;
+
+/// The product's allocator (`tether::support::Allocator`): the simulated
+/// fleet's workers, and the bare client the sessions are compared with, run
+/// under the allocator the `tether` binary ships with.
+#[global_allocator]
+static ALLOCATOR: tether::support::Allocator = tether::support::Allocator;
 use tether_testkit::processes::WorkerProcess;
 use tokio::time::Instant;
 
