@@ -97,9 +97,10 @@ impl HeldStream {
         self.leave();
     }
 
-    /// Not being handed over or released.
+    /// Not being handed over or released: the bit the registry's count
+    /// follows, so a stream and the count never disagree on the rule.
     pub(crate) fn staying(&self) -> bool {
-        !self.signals.handoff.asked() && self.published()
+        self.membership.load(Ordering::SeqCst) & LEAVING == 0
     }
 
     /// Still in the load this worker publishes: not released yet.
